@@ -1,0 +1,173 @@
+"""Exact communication accounting, per round × client × direction.
+
+Bits are read off the encoded :class:`~fedlightning.federated.message.Message` of every
+broadcast and upload, never computed from a formula. Counters are int64, summed across
+ranks at the end of each round, saved in checkpoints, and logged exactly as float64
+(a float32 log would round totals above 2**24; lightning-fl-notes P4).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from typing_extensions import override
+
+from fedlightning.federated.cohort import Cohort
+from fedlightning.federated.hooks import FederatedCallback
+from fedlightning.federated.message import Message
+from fedlightning.federated.module import FederatedModule
+
+UP, DOWN = 0, 1
+# Round counters: uplink bits, downlink bits, uplink messages, downlink messages,
+# and the dense float32 bits the same messages would have cost.
+_UP_BITS, _DOWN_BITS, _UP_MSGS, _DOWN_MSGS, _UP_DENSE, _DOWN_DENSE = range(6)
+
+
+def compression_factor(dense_bits: int, actual_bits: int) -> float:
+    """Dense float32 bits ÷ actual bits (``inf`` when nothing was sent, ``nan`` for 0/0).
+
+    >>> compression_factor(32 * 10, 9 * 10)
+    3.5555555555555554
+    """
+    if actual_bits == 0:
+        return float("nan") if dense_bits == 0 else float("inf")
+    return dense_bits / actual_bits
+
+
+class CommunicationAccountant(FederatedCallback):
+    """Counts every bit that crosses the wire and logs the ``comm/*`` metrics.
+
+    Args:
+        records_path: if set, a CSV file receiving one row per message
+            (round, client, direction, bits, codec); appended to on resume.
+    """
+
+    def __init__(self, *, records_path: str | Path | None = None) -> None:
+        self.records_path = Path(records_path) if records_path is not None else None
+        self.totals = torch.zeros(6, dtype=torch.int64)
+        self.per_client = torch.zeros((0, 2), dtype=torch.int64)
+        self._round = torch.zeros(6, dtype=torch.int64)
+        self._rows: list[tuple[int, int, str, int, str]] = []
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        num_clients = pl_module.num_clients  # type: ignore[attr-defined]
+        if self.per_client.shape[0] != num_clients:
+            grown = torch.zeros((num_clients, 2), dtype=torch.int64)
+            grown[: self.per_client.shape[0]] = self.per_client[:num_clients]
+            self.per_client = grown
+
+    @override
+    def on_round_start(self, trainer: L.Trainer, module: FederatedModule, round_idx: int) -> None:
+        self._round.zero_()
+        self._rows.clear()
+
+    @override
+    def on_server_broadcast(
+        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, message: Message, cohort: Cohort
+    ) -> None:
+        k = len(cohort)
+        self._round[_DOWN_BITS] += message.num_bits * k
+        self._round[_DOWN_MSGS] += k
+        self._round[_DOWN_DENSE] += module.dense_message_bits * k
+        ids = torch.tensor(cohort.client_ids, dtype=torch.long)
+        self.per_client[ids, DOWN] += message.num_bits
+        if self.records_path is not None:
+            self._rows.extend((round_idx, cid, "down", message.num_bits, message.codec.name) for cid in cohort.client_ids)
+
+    @override
+    def on_client_upload(
+        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
+    ) -> None:
+        self._round[_UP_BITS] += message.num_bits
+        self._round[_UP_MSGS] += 1
+        self._round[_UP_DENSE] += module.dense_message_bits
+        self.per_client[client_id, UP] += message.num_bits
+        if self.records_path is not None:
+            self._rows.append((round_idx, client_id, "up", message.num_bits, message.codec.name))
+
+    @override
+    def on_round_end(
+        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, metrics: dict[str, Any]
+    ) -> None:
+        round_counts = trainer.strategy.reduce(self._round.clone(), reduce_op="sum")
+        self.totals += round_counts.to(torch.int64).cpu()
+        self._write_rows()
+        exact = {
+            "comm/uplink_bits": round_counts[_UP_BITS],
+            "comm/downlink_bits": round_counts[_DOWN_BITS],
+            **self._cumulative(),
+        }
+        for name, value in exact.items():
+            module.log(name, _f64(value), on_step=True, on_epoch=False, prog_bar=name == "comm/bits_total")
+        module.log("comm/uplink_compression", self.uplink_compression, on_step=True, on_epoch=False)
+        module.log("comm/downlink_compression", self.downlink_compression, on_step=True, on_epoch=False)
+
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The evaluation row carries the x-axis values too, so loggers can plot accuracy
+        # against cumulative bits (lightning-fl-notes P5).
+        if trainer.sanity_checking:
+            return
+        for name, value in self._cumulative().items():
+            pl_module.log(name, _f64(value), on_step=False, on_epoch=True)
+
+    def _cumulative(self) -> dict[str, Tensor]:
+        up, down = self.totals[_UP_BITS], self.totals[_DOWN_BITS]
+        return {"comm/uplink_bits_total": up, "comm/downlink_bits_total": down, "comm/bits_total": up + down}
+
+    def _write_rows(self) -> None:
+        if self.records_path is None or not self._rows:
+            return
+        new_file = not self.records_path.exists()
+        self.records_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.records_path.open("a", newline="") as handle:
+            writer = csv.writer(handle)
+            if new_file:
+                writer.writerow(["round", "client", "direction", "bits", "codec"])
+            writer.writerows(self._rows)
+        self._rows.clear()
+
+    # ------------------------------------------------------------------ results
+    @property
+    def uplink_compression(self) -> float:
+        """Dense float32 uplink bits ÷ actual uplink bits, over the whole run."""
+        return compression_factor(int(self.totals[_UP_DENSE]), int(self.totals[_UP_BITS]))
+
+    @property
+    def downlink_compression(self) -> float:
+        """Dense float32 downlink bits ÷ actual downlink bits, over the whole run."""
+        return compression_factor(int(self.totals[_DOWN_DENSE]), int(self.totals[_DOWN_BITS]))
+
+    def summary(self) -> dict[str, float | int]:
+        """Totals and factors for ``summary.json`` (bit counts as exact Python ints)."""
+        uploads = int(self.totals[_UP_MSGS])
+        up = int(self.totals[_UP_BITS])
+        return {
+            "comm/uplink_bits_total": up,
+            "comm/downlink_bits_total": int(self.totals[_DOWN_BITS]),
+            "comm/bits_total": up + int(self.totals[_DOWN_BITS]),
+            "comm/uplink_messages": uploads,
+            "comm/downlink_messages": int(self.totals[_DOWN_MSGS]),
+            "comm/uplink_bits_per_client_round": up / uploads if uploads else 0.0,
+            "comm/uplink_compression": self.uplink_compression,
+            "comm/downlink_compression": self.downlink_compression,
+        }
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"totals": self.totals.clone(), "per_client": self.per_client.clone()}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.totals = state_dict["totals"].to(torch.int64)
+        self.per_client = state_dict["per_client"].to(torch.int64)
+
+
+def _f64(value: Tensor | int) -> Tensor:
+    return torch.as_tensor(value, dtype=torch.float64)

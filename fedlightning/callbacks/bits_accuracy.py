@@ -1,0 +1,87 @@
+"""Accuracy against the bits that crossed the wire: W&B axes, a CSV and a PNG per run."""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.loggers import WandbLogger
+from typing_extensions import override
+
+log = logging.getLogger(__name__)
+
+CURVE_FIELDS = ("round", "comm/uplink_bits_total", "comm/downlink_bits_total", "comm/bits_total", "val/acc")
+
+
+class BitsVsAccuracy(L.Callback):
+    """Records (round, cumulative bits, val/acc) at every evaluation.
+
+    At the end of fitting it writes ``bits_vs_accuracy.csv`` and ``bits_vs_accuracy.png``
+    into ``output_dir``. With a W&B logger it declares the cumulative bit counters as the
+    x-axis of ``val/acc`` and ``val/loss``, so W&B charts accuracy against bits, not steps.
+
+    Args:
+        output_dir: folder for the CSV and PNG.
+        title: plot title (e.g. "fedavg on digits").
+    """
+
+    def __init__(self, *, output_dir: str | Path, title: str = "") -> None:
+        self.output_dir = Path(output_dir)
+        self.title = title
+        self.points: list[dict[str, float]] = []
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                experiment = logger.experiment
+                if hasattr(experiment, "define_metric"):  # absent when W&B is disabled
+                    experiment.define_metric("comm/uplink_bits_total")
+                    experiment.define_metric("comm/bits_total")
+                    for name in ("val/acc", "val/loss", "val/acc_best"):
+                        experiment.define_metric(name, step_metric="comm/uplink_bits_total")
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or "val/acc" not in trainer.callback_metrics:
+            return
+        metrics = trainer.callback_metrics
+        point = {"round": float(trainer.global_step)}
+        for name in CURVE_FIELDS[1:]:
+            if name in metrics:
+                point[name] = float(metrics[name])
+        if self.points and self.points[-1]["round"] == point["round"]:
+            self.points[-1] = point
+        else:
+            self.points.append(point)
+
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero and self.points:
+            self.write()
+
+    def write(self) -> None:
+        """Write the CSV and the PNG of the curve recorded so far."""
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with (self.output_dir / "bits_vs_accuracy.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=CURVE_FIELDS)
+            writer.writeheader()
+            writer.writerows(self.points)
+        from fedlightning.plotting import plot_curves
+
+        plot_curves(
+            {self.title or "run": [(p["comm/uplink_bits_total"], p["val/acc"]) for p in self.points if "comm/uplink_bits_total" in p]},
+            self.output_dir / "bits_vs_accuracy.png",
+            title=self.title,
+        )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"points": list(self.points)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.points = list(state_dict.get("points", []))

@@ -1,0 +1,367 @@
+"""``FederatedDataModule``: one data set, split across clients by a partitioner.
+
+The module has no dependency on the federated engine: it is an ordinary
+``LightningDataModule`` whose ``train_dataloader`` serves the union of all clients, so a
+plain ``lightning.Trainer`` can train on it centrally. The engine uses the per-client API
+(``client_tensors``, ``client_dataloader``, ``client_sizes``).
+
+Subclasses implement :meth:`FederatedDataModule._load` and set ``name``, ``num_classes``
+and ``input_shape``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+
+from fedlightning.datamodules.partition import IIDPartition, partition_summary
+
+__all__ = ["DataUnavailableError", "FederatedDataModule", "default_data_root"]
+
+log = logging.getLogger(__name__)
+
+Partitioner = Callable[[np.ndarray, int, np.random.Generator], list[np.ndarray]]
+
+#: Frozen, hence safe to share as a default argument.
+DEFAULT_PARTITION = IIDPartition()
+
+
+class DataUnavailableError(RuntimeError):
+    """A data set's files are missing and cannot be downloaded."""
+
+
+def default_data_root() -> Path:
+    """Return ``$FEDLIGHTNING_DATA`` if set, else ``~/.cache/fedlightning/data``."""
+    env = os.environ.get("FEDLIGHTNING_DATA")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "fedlightning" / "data"
+
+
+class FederatedDataModule(L.LightningDataModule):
+    """Base class: loads a data set once, holds out validation, partitions the rest.
+
+    Args:
+        root: Folder holding the data set; ``None`` means :func:`default_data_root`.
+        num_clients: Number of clients ``K`` (``data.num_clients``).
+        partition: Callable ``(labels, num_clients, rng) -> list of index arrays``, e.g.
+            :class:`~fedlightning.datamodules.partition.DirichletPartition`.
+        batch_size: Default client and centralised training batch size.
+        eval_batch_size: Batch size of the validation and test loaders.
+        val_fraction: Share of the training set held out for validation, in ``[0, 1)``.
+            With ``0`` the validation loader serves the test set (logged).
+        seed: Seeds the validation split and the partition.
+        download: Allow ``prepare_data`` to download missing files.
+        partition_file: A file written by :meth:`save_partition` to reuse instead of
+            partitioning again.
+
+    Example:
+        >>> from fedlightning.datamodules import DigitsDataModule, DirichletPartition
+        >>> dm = DigitsDataModule(num_clients=5, partition=DirichletPartition(alpha=0.3))
+        >>> dm.setup("fit")
+        >>> sum(dm.client_sizes) == dm.num_train_samples
+        True
+    """
+
+    name: str = "base"
+    num_classes: int
+    input_shape: tuple[int, ...]
+    #: Set by a subclass whose data is a subset or lossy copy; logged as a warning in setup.
+    notice: str = ""
+
+    def __init__(
+        self,
+        *,
+        root: str | None = None,
+        num_clients: int = 10,
+        partition: Partitioner = DEFAULT_PARTITION,
+        batch_size: int = 32,
+        eval_batch_size: int = 1024,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        download: bool = False,
+        partition_file: str | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(num_clients, bool) or int(num_clients) != num_clients or num_clients < 1:
+            raise ValueError(f"data.num_clients must be an integer >= 1 (got {num_clients!r}).")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(
+                f"data.val_fraction must be in [0, 1) (got {val_fraction}); use e.g. data.val_fraction=0.1"
+            )
+        if batch_size < 1 or eval_batch_size < 1:
+            raise ValueError(
+                f"data.batch_size and data.eval_batch_size must be >= 1 (got {batch_size}, {eval_batch_size})."
+            )
+        self.root = Path(root).expanduser() if root else default_data_root()
+        self.num_clients = int(num_clients)
+        self.partition = partition
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.val_fraction = float(val_fraction)
+        self.seed = seed
+        self.download = download
+        self.partition_file = partition_file
+        self._train: tuple[Tensor, Tensor] | None = None
+        self._val: tuple[Tensor, Tensor] | None = None
+        self._test: tuple[Tensor, Tensor] | None = None
+        self._parts: list[np.ndarray] = []
+        self._client_cache: dict[int, tuple[Tensor, Tensor]] = {}
+
+    # -- to implement -------------------------------------------------------------------
+
+    def _load(self) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        """Return ``((x_train, y_train), (x_test, y_test))``: float32 features, int64 labels.
+
+        Raises:
+            DataUnavailableError: If the files are missing.
+        """
+        raise NotImplementedError
+
+    def _download(self) -> None:
+        """Fetch the data set into ``self.root`` (only called when ``download`` is true)."""
+
+    # -- Lightning hooks ----------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        """Download the data set if ``download`` is true; nothing else."""
+        if self.download:
+            self._download()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load, split off validation, and partition the training set (once)."""
+        if self._train is not None:
+            return
+        (x, y), test = self._load()
+        x, y = x.float(), y.long()
+        n = len(y)
+        if self.notice:
+            log.warning("%s: %s", self.name, self.notice)
+        n_val = round(self.val_fraction * n)
+        # A stream of its own, so changing val_fraction does not shift the partition's draws.
+        perm = np.random.default_rng([self.seed, 1]).permutation(n)
+        val_idx = torch.from_numpy(np.sort(perm[:n_val]))
+        train_idx = torch.from_numpy(np.sort(perm[n_val:]))
+        if len(train_idx) < self.num_clients:
+            raise ValueError(
+                f"data.num_clients={self.num_clients} exceeds the {len(train_idx)} training samples of "
+                f"{self.name}; lower data.num_clients (or data.val_fraction)."
+            )
+        train = (x[train_idx].contiguous(), y[train_idx].contiguous())
+        self._val = (x[val_idx].contiguous(), y[val_idx].contiguous()) if n_val else None
+        self._test = (test[0].float().contiguous(), test[1].long().contiguous())
+        del x, y
+        labels = train[1].numpy()
+        if self.partition_file:
+            parts = self._read_partition(Path(self.partition_file), len(labels))
+        else:
+            parts = self.partition(labels, self.num_clients, np.random.default_rng(self.seed))
+        self._parts = [np.asarray(p, dtype=np.int64) for p in parts]
+        self._check_partition(len(labels))
+        self._train = train
+        self._log_summary()
+
+    # -- per-client API -----------------------------------------------------------------
+
+    @property
+    def client_sizes(self) -> list[int]:
+        """Number of training samples of each client."""
+        self._ensure_setup()
+        return [len(p) for p in self._parts]
+
+    @property
+    def num_train_samples(self) -> int:
+        """Training samples after the validation split (the union of all clients)."""
+        return len(self._train_tensors()[1])
+
+    def client_indices(self, cid: int) -> np.ndarray:
+        """Sorted indices of client ``cid`` into the training set."""
+        self._ensure_setup()
+        if not 0 <= cid < self.num_clients:
+            raise IndexError(f"client id {cid} is out of range [0, {self.num_clients}).")
+        return self._parts[cid]
+
+    def client_tensors(self, cid: int) -> tuple[Tensor, Tensor]:
+        """Features and labels of client ``cid`` as contiguous tensors (cached)."""
+        cached = self._client_cache.get(cid)
+        if cached is None:
+            idx = torch.from_numpy(self.client_indices(cid))
+            x, y = self._train_tensors()
+            cached = self._client_cache[cid] = (x[idx], y[idx])
+        return cached
+
+    def client_dataset(self, cid: int) -> TensorDataset:
+        """Client ``cid``'s data as a ``TensorDataset``."""
+        return TensorDataset(*self.client_tensors(cid))
+
+    def client_dataloader(
+        self,
+        cid: int,
+        *,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> DataLoader:
+        """A loader over client ``cid``'s data.
+
+        Args:
+            cid: Client id in ``[0, num_clients)``.
+            batch_size: Defaults to the module's ``batch_size``.
+            shuffle: Reshuffle every epoch.
+            generator: Drives the shuffle order, for per-client reproducibility.
+        """
+        return DataLoader(
+            self.client_dataset(cid),
+            batch_size=batch_size or self.batch_size,
+            shuffle=shuffle,
+            generator=generator,
+            num_workers=0,
+        )
+
+    def label_histogram(self) -> np.ndarray:
+        """``(num_clients, num_classes)`` count of each label on each client."""
+        self._ensure_setup()
+        return partition_summary(self._train_tensors()[1].numpy(), self._parts, self.num_classes)
+
+    # -- centralised loaders ------------------------------------------------------------
+
+    def train_dataloader(self) -> DataLoader:
+        """All clients' data together, shuffled, for centralised training."""
+        return DataLoader(
+            TensorDataset(*self._train_tensors()),
+            batch_size=self.batch_size,
+            shuffle=True,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """The held-out validation set (the test set when ``val_fraction`` is 0)."""
+        self._ensure_setup()
+        return self._eval_loader(self._val if self._val is not None else self._test)
+
+    def test_dataloader(self) -> DataLoader:
+        """The test set."""
+        self._ensure_setup()
+        return self._eval_loader(self._test)
+
+    # -- saving and reloading a partition -----------------------------------------------
+
+    def save_partition(self, path: str | os.PathLike[str]) -> None:
+        """Write the client index arrays to ``path`` (``.json``, else ``.npz``).
+
+        The file also records the data set, seed and validation fraction, which fix the
+        training set the indices refer to; reloading checks them.
+        """
+        self._ensure_setup()
+        path = Path(path)
+        meta = self._partition_meta()
+        if path.suffix == ".json":
+            path.write_text(json.dumps({**meta, "clients": [p.tolist() for p in self._parts]}))
+        else:
+            np.savez_compressed(
+                path,
+                indices=np.concatenate(self._parts),
+                offsets=np.cumsum([0, *self.client_sizes]),
+                meta=np.array(json.dumps(meta)),
+            )
+
+    def _partition_meta(self) -> dict[str, object]:
+        return {
+            "dataset": self.name,
+            "num_train_samples": self.num_train_samples,
+            "num_clients": self.num_clients,
+            "seed": self.seed,
+            "val_fraction": self.val_fraction,
+        }
+
+    def _read_partition(self, path: Path, num_train: int) -> list[np.ndarray]:
+        if not path.is_file():
+            raise FileNotFoundError(f"data.partition_file={path} does not exist; unset it or point it at a saved file.")
+        if path.suffix == ".json":
+            raw = json.loads(path.read_text())
+            parts = [np.asarray(c, dtype=np.int64) for c in raw.pop("clients")]
+            meta = raw
+        else:
+            with np.load(path) as z:
+                meta = json.loads(str(z["meta"]))
+                parts = np.split(z["indices"].astype(np.int64), z["offsets"][1:-1])
+        expected = {
+            "dataset": self.name,
+            "num_train_samples": num_train,
+            "num_clients": self.num_clients,
+        }
+        expected |= {"seed": self.seed, "val_fraction": self.val_fraction}
+        diff = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
+        if diff or len(parts) != self.num_clients:
+            got = ", ".join(f"{k}={a} (this run: {b})" for k, (a, b) in diff.items())
+            raise ValueError(
+                f"data.partition_file={path} does not match this data set: {got or 'client count differs'}; "
+                "use the same data settings or delete data.partition_file to partition again."
+            )
+        log.info("Loaded partition of %d clients from %s", len(parts), path)
+        return parts
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _ensure_setup(self) -> None:
+        if self._train is None:
+            self.setup("fit")
+
+    def _train_tensors(self) -> tuple[Tensor, Tensor]:
+        self._ensure_setup()
+        assert self._train is not None
+        return self._train
+
+    def _eval_loader(self, data: tuple[Tensor, Tensor] | None) -> DataLoader:
+        assert data is not None
+        return DataLoader(
+            TensorDataset(*data),
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            num_workers=0,
+        )
+
+    def _check_partition(self, n: int) -> None:
+        if len(self._parts) != self.num_clients:
+            raise ValueError(f"The partitioner returned {len(self._parts)} clients, expected {self.num_clients}.")
+        idx = np.concatenate(self._parts) if self._parts else np.empty(0, np.int64)
+        if (
+            idx.size != n
+            or (n and (idx.min() < 0 or idx.max() >= n))
+            or np.bincount(idx, minlength=n).max(initial=1) != 1
+        ):
+            raise ValueError(f"The partition does not assign each of the {n} training samples exactly once.")
+
+    def _log_summary(self) -> None:
+        sizes = np.asarray(self.client_sizes)
+        val = len(self._val[1]) if self._val is not None else 0
+        name = getattr(self.partition, "name", type(self.partition).__name__)
+        if self.partition_file:
+            name = f"file {self.partition_file}"
+        log.info(
+            "%s: %d train / %d val / %d test samples, %d clients (%s); client size min %d, median %g, max %d",
+            self.name,
+            self.num_train_samples,
+            val,
+            len(self._test[1]) if self._test is not None else 0,
+            self.num_clients,
+            name,
+            sizes.min(),
+            np.median(sizes),
+            sizes.max(),
+        )
+        if val == 0:
+            log.info("%s: data.val_fraction=0, so validation uses the test set.", self.name)
+        if log.isEnabledFor(logging.DEBUG):
+            hist = self.label_histogram()
+            lines = [f"client samples | label histogram ({self.num_classes} classes)"]
+            lines += [
+                f"{k:6d} {s:7d} | {' '.join(map(str, h))}" for k, (s, h) in enumerate(zip(sizes, hist, strict=True))
+            ]
+            log.debug("%s partition:\n%s", self.name, "\n".join(lines))

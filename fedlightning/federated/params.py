@@ -1,0 +1,44 @@
+"""Flat views of a model's parameters, copied (never aliased) in and out.
+
+``torch.nn.utils.vector_to_parameters`` makes parameters *views* of the vector, so local
+training would silently write into the global state (lightning-fl-notes P1). These helpers
+copy instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def flat_parameters(module: nn.Module) -> Tensor:
+    """A new 1-D tensor holding every parameter of ``module``, in ``parameters()`` order."""
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def assign_flat_(module: nn.Module, flat: Tensor) -> None:
+    """Copy ``flat`` into the parameters of ``module`` in place."""
+    offset = 0
+    with torch.no_grad():
+        for p in module.parameters():
+            n = p.numel()
+            p.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+    if offset != flat.numel():
+        raise ValueError(f"A flat vector of {flat.numel()} values cannot fill a model with {offset} parameters.")
+
+
+def set_flat_grad_(params: list[nn.Parameter], flat: Tensor) -> None:
+    """Set ``p.grad`` of each parameter from consecutive slices of ``flat`` (copies)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
+    if offset != flat.numel():
+        raise ValueError(f"A pseudo-gradient of {flat.numel()} values does not match {offset} server parameters.")
+
+
+def num_parameters(module: nn.Module) -> int:
+    """Number of scalar parameters of ``module``."""
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,79 @@
+"""Bits-vs-accuracy figures, for one run or overlaid across a sweep (``fedlightning-plot``)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+Curve = list[tuple[float, float]]
+
+
+def plot_curves(curves: dict[str, Curve], path: str | Path, *, title: str = "") -> Path:
+    """Plot accuracy against cumulative uplink bits, one labelled line per curve."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, points in curves.items():
+        positive = [(b, a) for b, a in points if b > 0]
+        if positive:
+            xs, ys = zip(*positive, strict=True)
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative uplink bits")
+    ax.set_ylabel("validation accuracy")
+    ax.grid(True, which="both", alpha=0.3)
+    if title:
+        ax.set_title(title)
+    if curves:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _run_label(run_dir: Path) -> str:
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        overrides = summary.get("overrides") or []
+        if overrides:
+            return " ".join(overrides)
+        return f"{summary.get('method', '?')} on {summary.get('data', '?')}"
+    return run_dir.name
+
+
+def collect_curves(dirs: Sequence[str | Path]) -> dict[str, Curve]:
+    """Every run folder (one holding ``bits_vs_accuracy.csv``) under the given folders."""
+    curves: dict[str, Curve] = {}
+    for top in dirs:
+        for csv_path in sorted(Path(top).rglob("bits_vs_accuracy.csv")):
+            with csv_path.open() as handle:
+                rows = list(csv.DictReader(handle))
+            points = [(float(r["comm/uplink_bits_total"]), float(r["val/acc"])) for r in rows if r.get("comm/uplink_bits_total")]
+            label = _run_label(csv_path.parent)
+            while label in curves:
+                label += "'"
+            curves[label] = points
+    return curves
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``fedlightning-plot DIR... -o FILE.png``: overlay runs (a multirun folder too)."""
+    parser = argparse.ArgumentParser(description="Overlay accuracy against cumulative uplink bits for many runs.")
+    parser.add_argument("dirs", nargs="+", help="run folders or a multirun folder")
+    parser.add_argument("-o", "--output", default="bits_vs_accuracy.png", help="PNG file to write")
+    parser.add_argument("--title", default="", help="figure title")
+    args = parser.parse_args(argv)
+    curves = collect_curves(args.dirs)
+    if not curves:
+        parser.exit(1, f"No bits_vs_accuracy.csv found under {', '.join(args.dirs)}; point at run or multirun folders.\n")
+    out = plot_curves(curves, args.output, title=args.title)
+    print(f"wrote {out} with {len(curves)} runs")

@@ -1,0 +1,237 @@
+"""``run(cfg, output_dir)``: build everything from a composed config, fit, test, summarise.
+
+No Hydra here beyond ``instantiate``: tests compose a config and call :func:`run` directly,
+and the CLI (``fedlightning.cli``) is only a shell around it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from fedlightning.callbacks.accounting import CommunicationAccountant
+from fedlightning.callbacks.bits_accuracy import BitsVsAccuracy
+from fedlightning.errors import ConfigError, FedLightningError
+from fedlightning.federated.rng import SERVER, stream_seed
+from fedlightning.models import build_model
+
+log = logging.getLogger("fedlightning")
+
+REQUIRED_KEYS = ("method", "model", "data", "partition", "sampler", "trainer", "rounds", "seed")
+
+
+def _build(node: Any, what: str, **kwargs: Any) -> Any:
+    """``instantiate`` that turns a constructor's own validation error into one sentence.
+
+    Objects in ``kwargs`` are passed as they are (Hydra would turn a dataclass into a config).
+    """
+    try:
+        factory = instantiate(node, _partial_=True)
+        return factory(**kwargs)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, FedLightningError | ValueError | FileNotFoundError):
+            if isinstance(cause, FedLightningError):
+                raise cause from None
+            raise ConfigError(str(cause)) from None
+        raise ConfigError(f"Could not build {what} from its config: {exc}") from exc
+    except TypeError as exc:  # an unknown or missing constructor argument
+        raise ConfigError(f"Could not build {what}: {exc}; check the keys under {what}.") from None
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Check the top-level keys before any compute is spent."""
+    missing = [k for k in REQUIRED_KEYS if k not in cfg]
+    if missing:
+        raise ConfigError(f"The config lacks {', '.join(missing)}; compose it from configs/train.yaml.")
+    if int(cfg.rounds) < 1:
+        raise ConfigError(f"rounds must be at least 1 (got {cfg.rounds}).")
+    if cfg.get("clients_per_round") is not None and int(cfg.clients_per_round) < 1:
+        raise ConfigError(f"clients_per_round must be at least 1 (got {cfg.clients_per_round}).")
+    if int(cfg.data.get("num_clients", 1)) < 1:
+        raise ConfigError(f"data.num_clients must be at least 1 (got {cfg.data.num_clients}).")
+    if int(cfg.get("eval_every", 1)) < 1:
+        raise ConfigError(f"eval_every must be at least 1 (got {cfg.eval_every}).")
+
+
+def configure_threads(threads: int | None) -> int:
+    """One intra-op thread per process unless told otherwise (measured fastest here)."""
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    n = torch.get_num_threads()
+    log.info(
+        "Using %d torch thread(s) per process (threads=%s; one thread measured fastest for these "
+        "model sizes on a 2-core CPU, see lightning-fl-notes P7).",
+        n,
+        threads,
+    )
+    return n
+
+
+def _loggers(cfg: DictConfig, output_dir: Path) -> list[Any]:
+    loggers: list[Any] = []
+    for name, node in (cfg.get("logger") or {}).items():
+        if node is None:
+            continue
+        kwargs: dict[str, Any] = {"save_dir": str(output_dir)}
+        loggers.append(_build(node, f"logger.{name}", **kwargs))
+    return loggers
+
+
+def run(
+    cfg: DictConfig,
+    output_dir: str | Path,
+    *,
+    choices: Mapping[str, str | None] | None = None,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Fit and test one federated run; write ``summary.json`` and plots into ``output_dir``.
+
+    Args:
+        cfg: a config composed from ``configs/train.yaml``.
+        output_dir: folder for logs, checkpoints, ``summary.json`` and the bits/accuracy plot.
+        choices: the config-group choices (``method``, ``data``, ...) for labelling results.
+        overrides: the command-line overrides, recorded in the summary.
+
+    Returns:
+        The summary dictionary (also written to ``summary.json``).
+    """
+    started = time.perf_counter()
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    validate_config(cfg)
+    choices = dict(choices or {})
+    configure_threads(cfg.get("threads"))
+
+    partition = _build(cfg.partition, "partition")
+    datamodule = _build(cfg.data, "data", partition=partition, seed=int(cfg.seed))
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    if cfg.get("save_partition", True):
+        datamodule.save_partition(output_dir / "partition.json")
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(stream_seed(seed=int(cfg.seed), round_idx=0, client_id=SERVER, purpose="model_init"))
+        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        assert isinstance(model_cfg, dict)
+        try:
+            model = build_model(**model_cfg, input_shape=tuple(datamodule.input_shape), num_classes=datamodule.num_classes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    module = _build(cfg.method, "method", model=model, datamodule=datamodule, seed=int(cfg.seed))
+
+    method_name = choices.get("method") or type(module).__name__.lower()
+    data_name = choices.get("data") or getattr(datamodule, "name", type(datamodule).__name__)
+    accountant = CommunicationAccountant(records_path=output_dir / "comm_records.csv")
+    curve = BitsVsAccuracy(output_dir=output_dir, title=f"{method_name} on {data_name}")
+    checkpoints = ModelCheckpoint(
+        dirpath=output_dir / "checkpoints",
+        filename="round{step}",
+        every_n_train_steps=int(cfg.get("checkpoint_every", 0)) or None,
+        save_top_k=-1,
+        save_last=True,
+    )
+    callbacks: list[Any] = [_build(cfg.sampler, "sampler"), accountant, curve, checkpoints]
+    for name, node in (cfg.get("callbacks") or {}).items():
+        if node is not None:
+            callbacks.append(_build(node, f"callbacks.{name}"))
+
+    loggers = _loggers(cfg, output_dir)
+    rounds = int(cfg.rounds)
+    eval_every = min(int(cfg.get("eval_every", 1)), rounds)
+    trainer: L.Trainer = _build(
+        cfg.trainer,
+        "trainer",
+        max_steps=rounds,
+        val_check_interval=eval_every,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        logger=loggers or False,
+        callbacks=callbacks,
+        default_root_dir=str(output_dir),
+    )
+    log.info("Run folder: %s", output_dir)
+    log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+    summary: dict[str, Any] = {}
+    try:
+        ckpt_path = cfg.get("ckpt_path")
+        trainer.fit(module, ckpt_path=str(ckpt_path) if ckpt_path else None)
+        if trainer.global_step % eval_every != 0:  # the last round was not evaluated yet
+            trainer.validate(module, verbose=False)
+            curve.write()
+        trainer.save_checkpoint(output_dir / "checkpoints" / "last.ckpt")
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if _is_scalar(v)}
+        trainer.test(module, verbose=False)  # resets callback_metrics: keep the fit metrics above
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if _is_scalar(v)})
+        summary = {
+            "method": method_name,
+            "data": data_name,
+            "model": choices.get("model") or cfg.model.get("name"),
+            "partition": choices.get("partition") or getattr(partition, "name", None),
+            "sampler": choices.get("sampler"),
+            "rounds": trainer.global_step,
+            "seed": int(cfg.seed),
+            "num_clients": datamodule.num_clients,
+            "test/acc": metrics.get("test/acc"),
+            "test/loss": metrics.get("test/loss"),
+            "val/acc": metrics.get("val/acc"),
+            "val/acc_best": metrics.get("val/acc_best"),
+            **accountant.summary(),
+            "time/wall_s": time.perf_counter() - started,
+            "torch_threads": torch.get_num_threads(),
+            "data_notice": getattr(datamodule, "notice", None) or None,
+            "overrides": list(overrides),
+            "config": OmegaConf.to_container(cfg, resolve=True),
+        }
+        summary.update({k: v for k, v in metrics.items() if k.startswith("test/") and k not in summary})
+        (output_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2))
+        log.info(
+            "test/acc %.4f | uplink %d bits (%.3gx vs float32) | downlink %d bits | %.1f s | %s",
+            summary["test/acc"],
+            summary["comm/uplink_bits_total"],
+            summary["comm/uplink_compression"],
+            summary["comm/downlink_bits_total"],
+            summary["time/wall_s"],
+            output_dir / "summary.json",
+        )
+    finally:
+        for logger in loggers:
+            try:
+                logger.finalize("success" if summary else "failed")
+            except Exception:  # a logger that cannot close must not hide the run's own error
+                log.exception("Closing logger %s failed", type(logger).__name__)
+        if any(type(lg).__name__ == "WandbLogger" for lg in loggers):
+            import wandb
+
+            wandb.finish(exit_code=0 if summary else 1)
+    return summary
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.numel() == 1 or isinstance(value, int | float)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no inf/nan; keep them readable
+    if isinstance(value, Path | os.PathLike):
+        return str(value)
+    return value
