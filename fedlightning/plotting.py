@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 Curve = list[tuple[float, float]]
 
 
-def plot_curves(curves: dict[str, Curve], path: str | Path, *, title: str = "") -> Path:
+def plot_curves(curves: dict[str, Curve], path: str | Path, *, title: str = "", ylabel: str = "val/acc") -> Path:
     """Plot accuracy against cumulative uplink bits, one labelled line per curve."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, points in curves.items():
@@ -26,7 +26,7 @@ def plot_curves(curves: dict[str, Curve], path: str | Path, *, title: str = "") 
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("cumulative uplink bits")
-    ax.set_ylabel("validation accuracy")
+    ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
     if title:
         ax.set_title(title)
@@ -57,7 +57,8 @@ def collect_curves(dirs: Sequence[str | Path]) -> dict[str, Curve]:
         for csv_path in sorted(Path(top).rglob("bits_vs_accuracy.csv")):
             with csv_path.open() as handle:
                 rows = list(csv.DictReader(handle))
-            points = [(float(r["comm/uplink_bits_total"]), float(r["val/acc"])) for r in rows if r.get("comm/uplink_bits_total")]
+            score = next((k for k in ("val/acc", "val/r2") if rows and k in rows[0]), "val/acc")
+            points = [(float(r["comm/uplink_bits_total"]), float(r[score])) for r in rows if r.get("comm/uplink_bits_total")]
             label = _run_label(csv_path.parent)
             while label in curves:
                 label += "'"

@@ -136,7 +136,8 @@ def run(
     method_name = choices.get("method") or type(module).__name__.lower()
     data_name = choices.get("data") or getattr(datamodule, "name", type(datamodule).__name__)
     accountant = CommunicationAccountant(records_path=output_dir / "comm_records.csv")
-    curve = BitsVsAccuracy(output_dir=output_dir, title=f"{method_name} on {data_name}")
+    score = f"val/{module.score_name}"
+    curve = BitsVsAccuracy(output_dir=output_dir, title=f"{method_name} on {data_name}", metric=score)
     checkpoints = ModelCheckpoint(
         dirpath=output_dir / "checkpoints",
         filename="round{step}",
@@ -145,6 +146,10 @@ def run(
         save_last=True,
     )
     callbacks: list[Any] = [_build(cfg.sampler, "sampler"), accountant, curve, checkpoints]
+    for group in ("compressor", "downlink"):  # uplink / downlink compression callbacks
+        node = cfg.get(group)
+        if node and "_target_" in node:
+            callbacks.append(_build(node, group))
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is not None:
             callbacks.append(_build(node, f"callbacks.{name}"))
@@ -197,11 +202,14 @@ def run(
             "overrides": list(overrides),
             "config": OmegaConf.to_container(cfg, resolve=True),
         }
-        summary.update({k: v for k, v in metrics.items() if k.startswith("test/") and k not in summary})
+        summary.update(
+            {k: v for k, v in metrics.items() if k.startswith(("test/", "val/", "model/")) and k not in summary}
+        )
         (output_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2))
         log.info(
-            "test/acc %.4f | uplink %d bits (%.3gx vs float32) | downlink %d bits | %.1f s | %s",
-            summary["test/acc"],
+            "test/%s %.4f | uplink %d bits (%.3gx vs float32) | downlink %d bits | %.1f s | %s",
+            module.score_name,
+            summary.get(f"test/{module.score_name}") or float("nan"),
             summary["comm/uplink_bits_total"],
             summary["comm/uplink_compression"],
             summary["comm/downlink_bits_total"],

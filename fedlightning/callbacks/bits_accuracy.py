@@ -13,7 +13,7 @@ from typing_extensions import override
 
 log = logging.getLogger(__name__)
 
-CURVE_FIELDS = ("round", "comm/uplink_bits_total", "comm/downlink_bits_total", "comm/bits_total", "val/acc")
+CURVE_FIELDS = ("round", "comm/uplink_bits_total", "comm/downlink_bits_total", "comm/bits_total")
 
 
 class BitsVsAccuracy(L.Callback):
@@ -26,11 +26,13 @@ class BitsVsAccuracy(L.Callback):
     Args:
         output_dir: folder for the CSV and PNG.
         title: plot title (e.g. "fedavg on digits").
+        metric: the validation score to record (``val/acc``; ``val/r2`` for regression).
     """
 
-    def __init__(self, *, output_dir: str | Path, title: str = "") -> None:
+    def __init__(self, *, output_dir: str | Path, title: str = "", metric: str = "val/acc") -> None:
         self.output_dir = Path(output_dir)
         self.title = title
+        self.metric = metric
         self.points: list[dict[str, float]] = []
 
     @override
@@ -41,16 +43,16 @@ class BitsVsAccuracy(L.Callback):
                 if hasattr(experiment, "define_metric"):  # absent when W&B is disabled
                     experiment.define_metric("comm/uplink_bits_total")
                     experiment.define_metric("comm/bits_total")
-                    for name in ("val/acc", "val/loss", "val/acc_best"):
+                    for name in (self.metric, "val/loss", f"{self.metric}_best"):
                         experiment.define_metric(name, step_metric="comm/uplink_bits_total")
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or "val/acc" not in trainer.callback_metrics:
+        if trainer.sanity_checking or self.metric not in trainer.callback_metrics:
             return
         metrics = trainer.callback_metrics
         point = {"round": float(trainer.global_step)}
-        for name in CURVE_FIELDS[1:]:
+        for name in (*CURVE_FIELDS[1:], self.metric):
             if name in metrics:
                 point[name] = float(metrics[name])
         if self.points and self.points[-1]["round"] == point["round"]:
@@ -67,15 +69,16 @@ class BitsVsAccuracy(L.Callback):
         """Write the CSV and the PNG of the curve recorded so far."""
         self.output_dir.mkdir(parents=True, exist_ok=True)
         with (self.output_dir / "bits_vs_accuracy.csv").open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=CURVE_FIELDS)
+            writer = csv.DictWriter(handle, fieldnames=(*CURVE_FIELDS, self.metric))
             writer.writeheader()
             writer.writerows(self.points)
         from fedlightning.plotting import plot_curves
 
         plot_curves(
-            {self.title or "run": [(p["comm/uplink_bits_total"], p["val/acc"]) for p in self.points if "comm/uplink_bits_total" in p]},
+            {self.title or "run": [(p["comm/uplink_bits_total"], p[self.metric]) for p in self.points if "comm/uplink_bits_total" in p]},
             self.output_dir / "bits_vs_accuracy.png",
             title=self.title,
+            ylabel=self.metric,
         )
 
     @override

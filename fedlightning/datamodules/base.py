@@ -75,6 +75,8 @@ class FederatedDataModule(L.LightningDataModule):
     input_shape: tuple[int, ...]
     #: Set by a subclass whose data is a subset or lossy copy; logged as a warning in setup.
     notice: str = ""
+    #: "classification" (integer labels, accuracy) or "regression" (float targets, R²).
+    task: str = "classification"
 
     def __init__(
         self,
@@ -196,6 +198,14 @@ class FederatedDataModule(L.LightningDataModule):
             x, y = self._train_tensors()
             cached = self._client_cache[cid] = (x[idx], y[idx])
         return cached
+
+    def augment(self, x: Tensor, generator: torch.Generator) -> Tensor:
+        """Training-time augmentation of one client mini-batch (default: none).
+
+        The engine calls this on every local batch with the client's own random stream, so
+        augmentations stay reproducible; subclasses (e.g. CIFAR-10 crops and flips) override it.
+        """
+        return x
 
     def client_dataset(self, cid: int) -> TensorDataset:
         """Client ``cid``'s data as a ``TensorDataset``."""

@@ -30,8 +30,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.regression import R2Score
 
 from fedlightning.compression.codecs import Float32Codec
 from fedlightning.errors import ConfigError, NonFiniteLossError
@@ -65,6 +66,13 @@ class ClientUpload:
     client_id: int
     update: Tensor
     num_samples: int
+
+
+class _SquaredError(nn.Module):
+    """Mean squared error with the model's (B, 1) output matched to (B,) targets."""
+
+    def forward(self, prediction: Tensor, target: Tensor) -> Tensor:
+        return nn.functional.mse_loss(prediction.reshape(target.shape), target)
 
 
 class _Rounds(Dataset[int]):
@@ -138,14 +146,24 @@ class FederatedModule(L.LightningModule):
         self.batch_size = batch_size
         self.max_grad_norm = max_grad_norm
         self.client_state = ClientStateStore()
-        self.loss_fn: nn.Module = nn.CrossEntropyLoss()
-        num_classes = int(datamodule.num_classes)
-        self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        self.task = getattr(datamodule, "task", "classification")
+        if self.task == "classification":
+            self.loss_fn: nn.Module = nn.CrossEntropyLoss()
+            self.score_name = "acc"
+            num_classes = int(datamodule.num_classes)
+            self.val_score: Metric = MulticlassAccuracy(num_classes=num_classes, average="micro")
+            self.test_score: Metric = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        elif self.task == "regression":
+            self.loss_fn = _SquaredError()
+            self.score_name = "r2"
+            self.val_score = R2Score()
+            self.test_score = R2Score()
+        else:
+            raise ConfigError(f"Unknown data task {self.task!r}; a datamodule's task is classification or regression.")
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
-        self.val_acc_best = MaxMetric()
-        self.val_acc_best.persistent(True)  # survives resume
+        self.val_score_best = MaxMetric()
+        self.val_score_best.persistent(True)  # survives resume
 
     # ------------------------------------------------------------------ public protocol
     @property
@@ -187,11 +205,12 @@ class FederatedModule(L.LightningModule):
         model.train()
         optimizer = self.client_optimizer(model.parameters())
         x, y = self.client_data(client_id)
+        augment_gen = self.generator(round_idx, client_id, "augment")
         loss_sum = torch.zeros((), device=self.device)
         steps = 0
         for idx in self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)):
             optimizer.zero_grad(set_to_none=True)
-            loss = self.local_loss(model, x[idx], y[idx])
+            loss = self.local_loss(model, self.datamodule.augment(x[idx], augment_gen), y[idx])
             loss.backward()
             if self.max_grad_norm is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
@@ -321,31 +340,33 @@ class FederatedModule(L.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
 
-    def _eval_step(self, batch: tuple[Tensor, Tensor], acc: MulticlassAccuracy, loss_metric: MeanMetric) -> None:
+    def _eval_step(self, batch: tuple[Tensor, Tensor], score: Metric, loss_metric: MeanMetric) -> None:
         x, y = batch
-        logits = self(x)
-        acc.update(logits, y)
-        loss_metric.update(self.loss_fn(logits, y), weight=len(y))
+        out = self(x)
+        if self.task == "regression":
+            out = out.reshape(y.shape)
+        score.update(out, y)
+        loss_metric.update(self.loss_fn(out, y), weight=len(y))
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.val_acc, self.val_loss)
+        self._eval_step(batch, self.val_score, self.val_loss)
 
     def on_validation_epoch_end(self) -> None:
-        acc = self.val_acc.compute()
-        self.val_acc_best.update(acc)
-        self.log("val/acc", acc, prog_bar=True)
+        score = self.val_score.compute()
+        self.val_score_best.update(score)
+        self.log(f"val/{self.score_name}", score, prog_bar=True)
         self.log("val/loss", self.val_loss.compute())
-        self.log("val/acc_best", self.val_acc_best.compute())
-        self.val_acc.reset()
+        self.log(f"val/{self.score_name}_best", self.val_score_best.compute())
+        self.val_score.reset()
         self.val_loss.reset()
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.test_acc, self.test_loss)
+        self._eval_step(batch, self.test_score, self.test_loss)
 
     def on_test_epoch_end(self) -> None:
-        self.log("test/acc", self.test_acc.compute())
+        self.log(f"test/{self.score_name}", self.test_score.compute())
         self.log("test/loss", self.test_loss.compute())
-        self.test_acc.reset()
+        self.test_score.reset()
         self.test_loss.reset()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
