@@ -140,7 +140,7 @@ def run(
     curve = BitsVsAccuracy(output_dir=output_dir, title=f"{method_name} on {data_name}", metric=score)
     checkpoints = ModelCheckpoint(
         dirpath=output_dir / "checkpoints",
-        filename="round{step}",
+        filename="round-{step}",
         every_n_train_steps=int(cfg.get("checkpoint_every", 0)) or None,
         save_top_k=-1,
         save_last=True,

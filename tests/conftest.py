@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,3 +26,22 @@ def shared_data_root() -> Path:
     if not root.is_dir():
         pytest.skip(f"shared data not found at {root}; set FEDLIGHTNING_TEST_DATA to the folder holding MNIST/raw")
     return root
+
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+CONFIG_DIR = REPO_ROOT / "configs"
+QUIET = ["logger=none", "trainer.enable_progress_bar=false", "checkpoint_every=0"]
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """The real ``configs/train.yaml`` composed with ``overrides`` (quiet by default)."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=[*QUIET, *overrides])
+
+
+@pytest.fixture
+def make_config() -> Callable[..., DictConfig]:
+    """Compose the real config from overrides: ``make_config(["rounds=2"])``."""
+    return compose_config

@@ -1,0 +1,59 @@
+"""Aggregation and server-optimiser maths on hand-computed examples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedlightning.federated import aggregation as agg
+from fedlightning.federated.server_optim import FedOpt
+
+
+def test_normalised_weights_are_sample_shares() -> None:
+    assert agg.normalised_weights(torch.tensor([100, 300])).tolist() == [0.25, 0.75]
+    with pytest.raises(ValueError, match="no samples"):
+        agg.normalised_weights(torch.tensor([0, 0]))
+
+
+def test_weighted_mean_on_a_2x3_example() -> None:
+    updates = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    # (1*[1,2,3] + 2*[4,5,6]) / 3 = [3, 4, 5]
+    assert agg.weighted_mean(updates, torch.tensor([1.0, 2.0])).tolist() == [3.0, 4.0, 5.0]
+    with pytest.raises(ValueError, match=r"\(K, m\)"):
+        agg.weighted_mean(updates, torch.tensor([1.0]))
+
+
+def test_fedopt_moments_by_hand() -> None:
+    delta = torch.tensor([2.0, -1.0])
+    m = agg.fedopt_first_moment(torch.tensor([1.0, 1.0]), delta, beta1=0.5)
+    assert m.tolist() == [1.5, 0.0]
+    assert agg.fedadagrad_second_moment(torch.tensor([1.0, 1.0]), delta).tolist() == [5.0, 2.0]
+    assert agg.fedadam_second_moment(torch.tensor([1.0, 1.0]), delta, beta2=0.5).tolist() == [2.5, 1.0]
+    # Yogi: v - (1-b2) d^2 sign(v - d^2): [1 - .5*4*sign(-3), 1 - .5*1*sign(0)] = [3, 1]
+    assert agg.fedyogi_second_moment(torch.tensor([1.0, 1.0]), delta, beta2=0.5).tolist() == [3.0, 1.0]
+    # x + lr m / (sqrt(v) + tau) = 1 + 0.1 * 1.5 / (2 + 1) = 1.05
+    step = agg.fedopt_step(torch.tensor([1.0]), torch.tensor([1.5]), torch.tensor([4.0]), lr=0.1, tau=1.0)
+    assert step.tolist() == pytest.approx([1.05])
+
+
+@pytest.mark.parametrize("variant", ["adam", "yogi", "adagrad"])
+def test_fedopt_optimizer_first_step_matches_the_formulas(variant: str) -> None:
+    x = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    delta = torch.tensor([0.5, 0.25])
+    opt = FedOpt([x], variant=variant, lr=0.1, betas=(0.9, 0.99), tau=1e-3)  # type: ignore[arg-type]
+    x.grad = -delta
+    opt.step()
+    v0 = torch.full((2,), 1e-6)
+    m = 0.1 * delta
+    v = {
+        "adam": 0.99 * v0 + 0.01 * delta**2,
+        "yogi": v0 - 0.01 * delta**2 * torch.sign(v0 - delta**2),
+        "adagrad": v0 + delta**2,
+    }[variant]
+    expected = torch.tensor([1.0, -2.0]) + 0.1 * m / (v.sqrt() + 1e-3)
+    assert torch.allclose(x.detach(), expected)
+
+
+def test_fedopt_rejects_unknown_variant() -> None:
+    with pytest.raises(ValueError, match="variant"):
+        FedOpt([torch.nn.Parameter(torch.zeros(1))], variant="adamw")  # type: ignore[arg-type]

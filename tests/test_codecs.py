@@ -1,0 +1,63 @@
+"""Codecs: exact round trips and bit counts equal to the analytic size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedlightning.compression.codecs import BFloat16Codec, BitPackCodec, Float16Codec, Float32Codec, codec_by_name
+from fedlightning.federated.message import Message
+from fedlightning.models import build_model
+
+MNISTFC_PARAMS = 784 * 300 + 300 + 300 * 100 + 100 + 100 * 10 + 10  # 266,610
+
+
+def test_dense_float32_of_mnistfc_is_32_bits_per_parameter() -> None:
+    model = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert flat.numel() == MNISTFC_PARAMS == 266_610
+    msg = Float32Codec().encode(flat)
+    assert msg.num_bits == 32 * 266_610 == 8_531_520
+    assert len(msg.payload) == 4 * 266_610
+    assert torch.equal(msg.decode(), flat)
+
+
+@pytest.mark.parametrize("codec", [Float32Codec(), Float16Codec(), BFloat16Codec()], ids=lambda c: c.name)
+def test_dense_round_trip_is_exact_for_representable_values(codec: Float32Codec) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, generator=gen).to(codec.dtype).to(torch.float32)  # representable in the wire dtype
+    msg = codec.encode(x)
+    assert msg.num_bits == codec.bits_per_coordinate * 15
+    assert msg.shape == (3, 5)
+    assert torch.equal(msg.decode(), x)
+
+
+def test_half_precision_rounds_to_nearest() -> None:
+    x = torch.tensor([1.0 + 2**-12, 3.0e5])
+    assert Float16Codec().encode(x).decode().tolist() == [1.0, float("inf")]  # 65504 is float16's max
+    assert BFloat16Codec().encode(torch.tensor([1.0 + 2**-9])).decode().item() == 1.0
+
+
+def test_bitpack_counts_one_bit_per_coordinate_without_padding() -> None:
+    mask = torch.tensor([1, 0, 1, 1, 0, 0, 0, 1, 1, 0, 1], dtype=torch.float32)
+    msg = BitPackCodec().encode(mask)
+    assert msg.num_bits == 11
+    assert len(msg.payload) == 2
+    assert msg.payload[0] == 0b10001101  # LSB first
+    assert torch.equal(msg.decode(), mask)
+
+
+def test_bitpack_refuses_non_binary_values() -> None:
+    with pytest.raises(ValueError, match="binary masks only"):
+        BitPackCodec().encode(torch.tensor([0.0, 0.5]))
+
+
+def test_message_rejects_padding_beyond_one_byte() -> None:
+    with pytest.raises(ValueError, match="whole bytes"):
+        Message(payload=b"\x00\x00", num_bits=3, codec=BitPackCodec(), shape=(3,))
+
+
+def test_codec_by_name_names_the_choices() -> None:
+    assert codec_by_name("bfloat16").name == "bfloat16"
+    with pytest.raises(ValueError, match="float32"):
+        codec_by_name("float8")

@@ -1,0 +1,190 @@
+"""The round engine: FedAvg maths through Lightning, streams, state, accounting, errors."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from torch import Tensor
+
+from fedlightning.callbacks.accounting import CommunicationAccountant
+from fedlightning.compression.codecs import BitPackCodec
+from fedlightning.datamodules import DigitsDataModule, IIDPartition
+from fedlightning.errors import NonFiniteLossError
+from fedlightning.federated.batches import local_batches
+from fedlightning.federated.hooks import FederatedCallback
+from fedlightning.federated.message import Message
+from fedlightning.federated.module import FederatedModule
+from fedlightning.federated.params import assign_flat_, flat_parameters
+from fedlightning.federated.rng import stream_seed
+from fedlightning.methods import FedAvg
+from fedlightning.models import LogisticRegression
+from fedlightning.sampling import FullParticipation, UniformSampler
+
+
+def _datamodule(num_clients: int = 3, seed: int = 0) -> DigitsDataModule:
+    dm = DigitsDataModule(num_clients=num_clients, partition=IIDPartition(), seed=seed)
+    dm.setup("fit")
+    return dm
+
+
+def _module(dm: DigitsDataModule, **kwargs: Any) -> FedAvg:
+    torch.manual_seed(0)
+    options: dict[str, Any] = {
+        "client_optimizer": lambda p: torch.optim.SGD(p, lr=0.1),
+        "local_steps": 1,
+        "batch_size": 10_000,  # one full-batch step: the round has a closed form
+    }
+    options.update(kwargs)
+    return FedAvg(model=LogisticRegression(in_features=64, num_classes=10), datamodule=dm, **options)
+
+
+def _trainer(rounds: int, callbacks: list[Any] | None = None, **kwargs: Any) -> L.Trainer:
+    return L.Trainer(
+        max_steps=rounds,
+        val_check_interval=rounds,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks if callbacks is not None else [FullParticipation()],
+        **kwargs,
+    )
+
+
+def test_one_fedavg_round_equals_the_closed_form() -> None:
+    dm = _datamodule()
+    module = _module(dm)
+    w0 = flat_parameters(module.model)
+    # By hand: each client takes one full-batch gradient step from w0; the server averages
+    # the deltas weighted by n_k / n.
+    reference = copy.deepcopy(module.model)
+    n = sum(dm.client_sizes)
+    expected_delta = torch.zeros_like(w0)
+    for cid in range(dm.num_clients):
+        assign_flat_(reference, w0)
+        reference.zero_grad()
+        x, y = dm.client_tensors(cid)
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        grad = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+        expected_delta += (len(y) / n) * (-0.1 * grad)
+    trainer = _trainer(1)
+    trainer.fit(module)
+    assert trainer.global_step == 1  # one training_step is one round
+    assert torch.allclose(flat_parameters(module.model), w0 + expected_delta, atol=1e-6)
+    # Local training never wrote into the global weights (lightning-fl-notes P1).
+    assert not torch.equal(flat_parameters(module.client_model), flat_parameters(module.model))
+
+
+def test_global_step_counts_rounds_not_local_steps() -> None:
+    module = _module(_datamodule(), local_steps=7, batch_size=16)
+    trainer = _trainer(3)
+    trainer.fit(module)
+    assert trainer.global_step == 3
+
+
+def test_same_seed_same_weights_and_other_seed_other_weights() -> None:
+    def final(seed: int) -> Tensor:
+        module = _module(_datamodule(), seed=seed, local_steps=None, batch_size=32)
+        _trainer(2).fit(module)
+        return flat_parameters(module.model)
+
+    assert torch.equal(final(0), final(0))
+    assert not torch.equal(final(0), final(1))
+
+
+def test_streams_depend_only_on_their_coordinates() -> None:
+    seeds = {stream_seed(seed=0, round_idx=r, client_id=c, purpose=p) for r in range(3) for c in range(3) for p in ("a", "b")}
+    assert len(seeds) == 18
+    assert stream_seed(seed=1, round_idx=0, client_id=0, purpose="a") != stream_seed(
+        seed=0, round_idx=0, client_id=0, purpose="a"
+    )
+
+
+def test_uniform_cohort_is_a_function_of_seed_and_round_only() -> None:
+    dm = _datamodule(num_clients=20)
+    module = _module(dm)
+    sampler = UniformSampler(clients_per_round=5)
+    cohorts = [sampler.select_cohort(None, module, r).client_ids for r in range(50)]  # type: ignore[arg-type]
+    again = [sampler.select_cohort(None, module, r).client_ids for r in reversed(range(50))][::-1]  # type: ignore[arg-type]
+    assert cohorts == again
+    assert all(len(c) == 5 and len(set(c)) == 5 and all(0 <= i < 20 for i in c) for c in cohorts)
+    assert len(set(cohorts)) > 40  # rounds draw different cohorts
+    counts = torch.bincount(torch.tensor([i for c in cohorts for i in c]), minlength=20)
+    assert counts.min() > 0  # over 50 rounds every client is picked (expected 12.5 each)
+    cohort = sampler.select_cohort(None, module, 0)  # type: ignore[arg-type]
+    assert torch.allclose(cohort.inclusion_probabilities, torch.full((5,), 0.25))
+
+
+def test_local_batches_cover_each_epoch_exactly_once() -> None:
+    gen = torch.Generator().manual_seed(3)
+    batches = list(local_batches(num_samples=23, batch_size=5, epochs=2, steps=None, generator=gen))
+    assert [len(b) for b in batches] == [5, 5, 5, 5, 3] * 2
+    assert sorted(torch.cat(batches[:5]).tolist()) == list(range(23))
+    assert sorted(torch.cat(batches[5:]).tolist()) == list(range(23))
+    assert len(list(local_batches(num_samples=23, batch_size=5, epochs=1, steps=12, generator=gen))) == 12
+
+
+class _SignUplink(FederatedCallback):
+    """Uploads only the sign pattern of each delta (1 bit per coordinate), for testing."""
+
+    def encode_uplink(self, trainer: Any, module: Any, round_idx: int, client_id: int, upload: Tensor) -> Message:
+        return BitPackCodec().encode((upload > 0).float())
+
+
+def test_accountant_counts_real_bitstreams_and_compression() -> None:
+    dm = _datamodule(num_clients=4)
+    module = _module(dm)
+    params = sum(p.numel() for p in module.model.parameters())  # 650
+    accountant = CommunicationAccountant()
+    _trainer(3, callbacks=[UniformSampler(clients_per_round=2), accountant, _SignUplink()]).fit(module)
+    summary = accountant.summary()
+    assert summary["comm/uplink_bits_total"] == 3 * 2 * params  # bit-packed: one bit per coordinate
+    assert summary["comm/downlink_bits_total"] == 3 * 2 * 32 * params
+    assert summary["comm/uplink_compression"] == 32.0
+    assert summary["comm/downlink_compression"] == 1.0
+    assert summary["comm/uplink_bits_per_client_round"] == params
+    assert accountant.per_client.dtype == torch.int64
+    assert int(accountant.per_client[:, 0].sum()) == summary["comm/uplink_bits_total"]
+    restored = CommunicationAccountant()
+    restored.load_state_dict(accountant.state_dict())
+    assert restored.summary() == summary
+
+
+def test_client_state_travels_in_checkpoints(tmp_path: Path) -> None:
+    dm = _datamodule()
+    module = _module(dm)
+    trainer = _trainer(1)
+    trainer.fit(module)
+    module.client_state.set(2, "memory", torch.arange(3.0))
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    fresh = _module(dm)
+    checkpoint = torch.load(tmp_path / "c.ckpt", weights_only=False)
+    fresh.on_load_checkpoint(checkpoint)
+    assert torch.equal(fresh.client_state.get(2, "memory"), torch.arange(3.0))
+
+
+class _PoisonedDigits(DigitsDataModule):
+    def client_tensors(self, cid: int) -> tuple[Tensor, Tensor]:
+        x, y = super().client_tensors(cid)
+        return torch.full_like(x, float("nan")), y
+
+
+def test_non_finite_loss_stops_with_one_sentence_naming_the_fix() -> None:
+    dm = _PoisonedDigits(num_clients=2, partition=IIDPartition())
+    dm.setup("fit")
+    module = _module(dm)
+    with pytest.raises(NonFiniteLossError, match=r"Client 0 .* round 0; lower the client learning rate \(method.client_optimizer.lr\)"):
+        _trainer(1).fit(module)
+
+
+def test_models_with_buffers_are_refused() -> None:
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10), torch.nn.BatchNorm1d(10))
+    with pytest.raises(ValueError, match="GroupNorm"):
+        FederatedModule(model=model, datamodule=_datamodule())
