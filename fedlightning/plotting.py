@@ -58,7 +58,9 @@ def collect_curves(dirs: Sequence[str | Path]) -> dict[str, Curve]:
             with csv_path.open() as handle:
                 rows = list(csv.DictReader(handle))
             score = next((k for k in ("val/acc", "val/r2") if rows and k in rows[0]), "val/acc")
-            points = [(float(r["comm/uplink_bits_total"]), float(r[score])) for r in rows if r.get("comm/uplink_bits_total")]
+            points = [
+                (float(r["comm/uplink_bits_total"]), float(r[score])) for r in rows if r.get("comm/uplink_bits_total")
+            ]
             label = _run_label(csv_path.parent)
             while label in curves:
                 label += "'"
@@ -75,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     curves = collect_curves(args.dirs)
     if not curves:
-        parser.exit(1, f"No bits_vs_accuracy.csv found under {', '.join(args.dirs)}; point at run or multirun folders.\n")
+        parser.exit(
+            1, f"No bits_vs_accuracy.csv found under {', '.join(args.dirs)}; point at run or multirun folders.\n"
+        )
     out = plot_curves(curves, args.output, title=args.title)
     print(f"wrote {out} with {len(curves)} runs")

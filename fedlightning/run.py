@@ -34,22 +34,27 @@ REQUIRED_KEYS = ("method", "model", "data", "partition", "sampler", "trainer", "
 
 
 def _build(node: Any, what: str, **kwargs: Any) -> Any:
-    """``instantiate`` that turns a constructor's own validation error into one sentence.
+    """Instantiate ``node``; a constructor's own validation error becomes one sentence.
 
     Objects in ``kwargs`` are passed as they are (Hydra would turn a dataclass into a config).
     """
     try:
         factory = instantiate(node, _partial_=True)
-        return factory(**kwargs)
     except InstantiationException as exc:
-        cause = exc.__cause__
-        if isinstance(cause, FedLightningError | ValueError | FileNotFoundError):
-            if isinstance(cause, FedLightningError):
-                raise cause from None
-            raise ConfigError(str(cause)) from None
-        raise ConfigError(f"Could not build {what} from its config: {exc}") from exc
+        raise ConfigError(f"Could not build {what} from its config ({exc}); check {what}._target_.") from None
+    return _user_errors(what, factory, **kwargs)
+
+
+def _user_errors(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; ``ValueError``/``TypeError`` from bad settings become a ``ConfigError``."""
+    try:
+        return fn(*args, **kwargs)
+    except FedLightningError:
+        raise
     except TypeError as exc:  # an unknown or missing constructor argument
         raise ConfigError(f"Could not build {what}: {exc}; check the keys under {what}.") from None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -118,29 +123,34 @@ def run(
 
     partition = _build(cfg.partition, "partition")
     datamodule = _build(cfg.data, "data", partition=partition, seed=int(cfg.seed))
-    datamodule.prepare_data()
-    datamodule.setup("fit")
+    _user_errors("data", datamodule.prepare_data)
+    _user_errors("data", datamodule.setup, "fit")
     if cfg.get("save_partition", True):
         datamodule.save_partition(output_dir / "partition.json")
 
+    data_name = choices.get("data") or getattr(datamodule, "name", type(datamodule).__name__)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(seed=int(cfg.seed), round_idx=0, client_id=SERVER, purpose="model_init"))
         model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
         assert isinstance(model_cfg, dict)
-        try:
-            model = build_model(**model_cfg, input_shape=tuple(datamodule.input_shape), num_classes=datamodule.num_classes)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        model = _user_errors(
+            "model",
+            build_model,
+            **model_cfg,
+            input_shape=tuple(datamodule.input_shape),
+            num_classes=datamodule.num_classes,
+            data_name=data_name,
+        )
     module = _build(cfg.method, "method", model=model, datamodule=datamodule, seed=int(cfg.seed))
 
     method_name = choices.get("method") or type(module).__name__.lower()
-    data_name = choices.get("data") or getattr(datamodule, "name", type(datamodule).__name__)
     accountant = CommunicationAccountant(records_path=output_dir / "comm_records.csv")
     score = f"val/{module.score_name}"
     curve = BitsVsAccuracy(output_dir=output_dir, title=f"{method_name} on {data_name}", metric=score)
     checkpoints = ModelCheckpoint(
         dirpath=output_dir / "checkpoints",
-        filename="round-{step}",
+        filename="round-{step:04d}",
+        auto_insert_metric_name=False,  # no "=" in file names: they must pass as ckpt_path=... overrides
         every_n_train_steps=int(cfg.get("checkpoint_every", 0)) or None,
         save_top_k=-1,
         save_last=True,
@@ -230,7 +240,7 @@ def run(
 
 
 def _is_scalar(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.numel() == 1 or isinstance(value, int | float)
+    return (isinstance(value, torch.Tensor) and value.numel() == 1) or isinstance(value, int | float)
 
 
 def _jsonable(value: Any) -> Any:

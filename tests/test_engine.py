@@ -100,7 +100,9 @@ def test_same_seed_same_weights_and_other_seed_other_weights() -> None:
 
 
 def test_streams_depend_only_on_their_coordinates() -> None:
-    seeds = {stream_seed(seed=0, round_idx=r, client_id=c, purpose=p) for r in range(3) for c in range(3) for p in ("a", "b")}
+    seeds = {
+        stream_seed(seed=0, round_idx=r, client_id=c, purpose=p) for r in range(3) for c in range(3) for p in ("a", "b")
+    }
     assert len(seeds) == 18
     assert stream_seed(seed=1, round_idx=0, client_id=0, purpose="a") != stream_seed(
         seed=0, round_idx=0, client_id=0, purpose="a"
@@ -180,7 +182,9 @@ def test_non_finite_loss_stops_with_one_sentence_naming_the_fix() -> None:
     dm = _PoisonedDigits(num_clients=2, partition=IIDPartition())
     dm.setup("fit")
     module = _module(dm)
-    with pytest.raises(NonFiniteLossError, match=r"Client 0 .* round 0; lower the client learning rate \(method.client_optimizer.lr\)"):
+    with pytest.raises(
+        NonFiniteLossError, match=r"Client 0 .* round 0; lower the client learning rate \(method.client_optimizer.lr\)"
+    ):
         _trainer(1).fit(module)
 
 

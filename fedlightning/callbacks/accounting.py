@@ -78,7 +78,9 @@ class CommunicationAccountant(FederatedCallback):
         ids = torch.tensor(cohort.client_ids, dtype=torch.long)
         self.per_client[ids, DOWN] += message.num_bits
         if self.records_path is not None:
-            self._rows.extend((round_idx, cid, "down", message.num_bits, message.codec.name) for cid in cohort.client_ids)
+            self._rows.extend(
+                (round_idx, cid, "down", message.num_bits, message.codec.name) for cid in cohort.client_ids
+            )
 
     @override
     def on_client_upload(

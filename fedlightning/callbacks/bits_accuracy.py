@@ -75,7 +75,11 @@ class BitsVsAccuracy(L.Callback):
         from fedlightning.plotting import plot_curves
 
         plot_curves(
-            {self.title or "run": [(p["comm/uplink_bits_total"], p[self.metric]) for p in self.points if "comm/uplink_bits_total" in p]},
+            {
+                self.title or "run": [
+                    (p["comm/uplink_bits_total"], p[self.metric]) for p in self.points if "comm/uplink_bits_total" in p
+                ]
+            },
             self.output_dir / "bits_vs_accuracy.png",
             title=self.title,
             ylabel=self.metric,

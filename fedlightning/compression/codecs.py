@@ -36,9 +36,7 @@ class DenseCodec:
         if self.dtype == torch.bfloat16:  # NumPy has no bfloat16: ship the raw 16-bit words
             flat = flat.view(torch.int16)
         payload = flat.numpy().tobytes()
-        return Message(
-            payload=payload, num_bits=8 * len(payload), codec=self, shape=tuple(x.shape)
-        )
+        return Message(payload=payload, num_bits=8 * len(payload), codec=self, shape=tuple(x.shape))
 
     def decode(self, message: Message) -> Tensor:
         wire = torch.int16 if self.dtype == torch.bfloat16 else self.dtype

@@ -32,7 +32,9 @@ class Cohort:
     @classmethod
     def full(cls, *, round_idx: int, num_clients: int) -> Cohort:
         """Every client, each with probability one."""
-        return cls(round_idx=round_idx, client_ids=tuple(range(num_clients)), inclusion_probabilities=torch.ones(num_clients))
+        return cls(
+            round_idx=round_idx, client_ids=tuple(range(num_clients)), inclusion_probabilities=torch.ones(num_clients)
+        )
 
     def __len__(self) -> int:
         return len(self.client_ids)

@@ -217,9 +217,7 @@ class FederatedModule(L.LightningModule):
             optimizer.step()
             loss_sum += loss.detach()
             steps += 1
-        return ClientResult(
-            upload=flat_parameters(model) - received, num_samples=len(y), loss=loss_sum / max(steps, 1)
-        )
+        return ClientResult(upload=flat_parameters(model) - received, num_samples=len(y), loss=loss_sum / max(steps, 1))
 
     def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
         """Pseudo-gradient for the server optimiser: −(sample-weighted mean of client deltas)."""
@@ -251,7 +249,9 @@ class FederatedModule(L.LightningModule):
     def _select_cohort(self, round_idx: int) -> Cohort:
         samplers = [cb for cb in self._federated_callbacks() if isinstance(cb, ClientSampler)]
         if len(samplers) > 1:
-            raise ConfigError(f"Only one client sampler may be active, found {len(samplers)}; keep a single sampler=... choice.")
+            raise ConfigError(
+                f"Only one client sampler may be active, found {len(samplers)}; keep a single sampler=... choice."
+            )
         if not samplers:
             return Cohort.full(round_idx=round_idx, num_clients=self.num_clients)
         return samplers[0].select_cohort(self.trainer, self, round_idx)

@@ -40,6 +40,4 @@ def torch_generator(
 
 def numpy_generator(*, seed: int, round_idx: int, client_id: int, purpose: str) -> np.random.Generator:
     """A seeded NumPy generator for one (seed, round, client, purpose) stream."""
-    return np.random.default_rng(
-        stream_seed(seed=seed, round_idx=round_idx, client_id=client_id, purpose=purpose)
-    )
+    return np.random.default_rng(stream_seed(seed=seed, round_idx=round_idx, client_id=client_id, purpose=purpose))
