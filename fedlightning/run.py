@@ -131,8 +131,7 @@ def run(
     data_name = choices.get("data") or getattr(datamodule, "name", type(datamodule).__name__)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(seed=int(cfg.seed), round_idx=0, client_id=SERVER, purpose="model_init"))
-        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-        assert isinstance(model_cfg, dict)
+        model_cfg = {str(k): v for k, v in dict(OmegaConf.to_container(cfg.model, resolve=True)).items()}  # type: ignore[arg-type]
         model = _user_errors(
             "model",
             build_model,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -56,7 +56,7 @@ class CommunicationAccountant(FederatedCallback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        num_clients = pl_module.num_clients  # type: ignore[attr-defined]
+        num_clients = cast(FederatedModule, pl_module).num_clients
         if self.per_client.shape[0] != num_clients:
             grown = torch.zeros((num_clients, 2), dtype=torch.int64)
             grown[: self.per_client.shape[0]] = self.per_client[:num_clients]

@@ -13,12 +13,13 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedlightning.federated.message import Message
+from fedlightning.federated.message import Codec, Message
 
 __all__ = ["BFloat16Codec", "BitPackCodec", "DenseCodec", "Float16Codec", "Float32Codec", "codec_by_name"]
 
@@ -95,10 +96,15 @@ class BitPackCodec:
         return numel
 
 
-_CODECS = {"float32": Float32Codec, "float16": Float16Codec, "bfloat16": BFloat16Codec, "bitpack": BitPackCodec}
+_CODECS: dict[str, Callable[[], Codec]] = {
+    "float32": Float32Codec,
+    "float16": Float16Codec,
+    "bfloat16": BFloat16Codec,
+    "bitpack": BitPackCodec,
+}
 
 
-def codec_by_name(name: str) -> DenseCodec | BitPackCodec:
+def codec_by_name(name: str) -> Codec:
     """The codec called ``name`` (float32, float16, bfloat16, bitpack)."""
     try:
         return _CODECS[name]()

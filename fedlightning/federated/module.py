@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -43,6 +43,9 @@ from fedlightning.federated.message import Codec, Message
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters, set_flat_grad_
 from fedlightning.federated.rng import torch_generator
 from fedlightning.federated.state import ClientStateStore
+
+if TYPE_CHECKING:
+    from fedlightning.datamodules.base import FederatedDataModule
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +140,7 @@ class FederatedModule(L.LightningModule):
         self.automatic_optimization = False
         self.model = model
         self.__dict__["_client_model"] = copy.deepcopy(model)  # hidden: not registered, not checkpointed
-        self.__dict__["datamodule"] = datamodule
+        self.__dict__["_datamodule"] = datamodule  # not an nn.Module attribute: never checkpointed
         self.seed = seed
         self.client_optimizer = client_optimizer or (lambda params: torch.optim.SGD(params, lr=0.05))
         self.server_optimizer = server_optimizer or (lambda params: torch.optim.SGD(params, lr=1.0))
@@ -172,9 +175,14 @@ class FederatedModule(L.LightningModule):
         return self.__dict__["_client_model"]
 
     @property
+    def datamodule(self) -> FederatedDataModule:
+        """The federated data: client tensors, sizes, validation and test loaders."""
+        return self.__dict__["_datamodule"]
+
+    @property
     def num_clients(self) -> int:
         """Number of clients in the federation."""
-        return int(self.datamodule.num_clients)
+        return self.datamodule.num_clients
 
     @property
     def dense_message_bits(self) -> int:

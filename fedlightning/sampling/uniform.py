@@ -7,6 +7,8 @@ stream for the round only, so the cohort does not depend on world size or resume
 
 from __future__ import annotations
 
+from typing import cast
+
 import lightning as L
 import torch
 from typing_extensions import override
@@ -40,7 +42,7 @@ class UniformSampler(ClientSampler):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        num_clients = pl_module.num_clients  # type: ignore[attr-defined]
+        num_clients = cast(FederatedModule, pl_module).num_clients
         if self.clients_per_round > num_clients:
             raise ConfigError(
                 f"clients_per_round={self.clients_per_round} exceeds data.num_clients={num_clients}; "
