@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fedlightning.models import MLP, PRESETS, LogisticRegression, SmallCNN, build_model
+from fedlightning.models.presets import SEQUENCE_PRESETS
 
 
 def n_params(m: torch.nn.Module) -> int:
@@ -27,7 +28,9 @@ def test_cnn_is_fedavg_cnn() -> None:
 
 
 @pytest.mark.parametrize("shape", [(1, 28, 28), (1, 8, 8)])
-@pytest.mark.parametrize("name", [p for p in PRESETS if p not in ("small_mlp", "mnistfc", "digits_mlp")])
+@pytest.mark.parametrize(
+    "name", [p for p in PRESETS if p not in ("small_mlp", "mnistfc", "digits_mlp", *SEQUENCE_PRESETS)]
+)
 def test_adaptive_presets_forward(name: str, shape: tuple[int, ...]) -> None:
     out = build_model(name, input_shape=shape, num_classes=7)(torch.zeros(3, *shape))
     assert out.shape == (3, 7)

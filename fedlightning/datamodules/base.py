@@ -6,7 +6,12 @@ plain ``lightning.Trainer`` can train on it centrally. The engine uses the per-c
 (``client_tensors``, ``client_dataloader``, ``client_sizes``).
 
 Subclasses implement :meth:`FederatedDataModule._load` and set ``name``, ``num_classes``
-and ``input_shape``.
+and ``input_shape``. A data set with natural clients (Shakespeare roles, FEMNIST writers)
+also implements :meth:`FederatedDataModule.natural_groups`, which ``partition=natural``
+(:class:`~fedlightning.datamodules.partition.NaturalPartition`) uses. Data kept compactly in
+memory (``feature_dtype``, e.g. ``uint8``) is turned into model input per batch by
+:meth:`FederatedDataModule.transform` (evaluation and centralised loaders) and
+:meth:`FederatedDataModule.augment` (client batches).
 """
 
 from __future__ import annotations
@@ -21,11 +26,17 @@ import lightning as L
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
-from fedlightning.datamodules.partition import IIDPartition, partition_summary
+from fedlightning.datamodules.partition import (
+    IIDPartition,
+    NaturalPartition,
+    grouped_holdout,
+    partition_summary,
+)
+from fedlightning.errors import FedLightningError
 
-__all__ = ["DataUnavailableError", "FederatedDataModule", "default_data_root"]
+__all__ = ["DataUnavailableError", "FederatedDataModule", "default_data_root", "subset_indices"]
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +46,27 @@ Partitioner = Callable[[np.ndarray, int, np.random.Generator], list[np.ndarray]]
 DEFAULT_PARTITION = IIDPartition()
 
 
-class DataUnavailableError(RuntimeError):
+class DataUnavailableError(FedLightningError, RuntimeError):
     """A data set's files are missing and cannot be downloaded."""
+
+
+def subset_indices(total: int, limit: int | None, seed: int) -> np.ndarray | None:
+    """Sorted random indices of a ``limit``-sample subset of ``total`` samples, or ``None`` for all.
+
+    The draw depends only on ``(seed, total, limit)``, so a loader can pick the subset before
+    decoding anything (CIFAR-10 JPEGs) and get the same one the base class would.
+
+    Example:
+        >>> subset_indices(10, 3, 0).tolist() == subset_indices(10, 3, 0).tolist()
+        True
+        >>> subset_indices(10, None, 0) is None and subset_indices(10, 20, 0) is None
+        True
+    """
+    if limit is None or limit >= total:
+        return None
+    if limit < 1:
+        raise ValueError(f"data.max_train_samples / data.max_test_samples must be >= 1 (got {limit}).")
+    return np.sort(np.random.default_rng([seed, 2, total]).choice(total, size=limit, replace=False))
 
 
 def default_data_root() -> Path:
@@ -61,6 +91,9 @@ class FederatedDataModule(L.LightningDataModule):
         download: Allow ``prepare_data`` to download missing files.
         partition_file: A file written by :meth:`save_partition` to reuse instead of
             partitioning again.
+        max_train_samples: Keep a random subset of this many training samples (before the
+            validation split), e.g. for fast tests; logged as a subset. ``None``: all.
+        max_test_samples: Likewise for the test set.
 
     Example:
         >>> from fedlightning.datamodules import DigitsDataModule, DirichletPartition
@@ -77,6 +110,9 @@ class FederatedDataModule(L.LightningDataModule):
     notice: str = ""
     #: "classification" (integer labels, accuracy) or "regression" (float targets, R²).
     task: str = "classification"
+    #: dtype the features are stored in after ``_load``; ``None`` keeps the loaded dtype
+    #: (e.g. ``uint8`` pixels or character indices, converted per batch by ``transform``).
+    feature_dtype: torch.dtype | None = torch.float32
 
     def __init__(
         self,
@@ -90,6 +126,8 @@ class FederatedDataModule(L.LightningDataModule):
         seed: int = 0,
         download: bool = False,
         partition_file: str | None = None,
+        max_train_samples: int | None = None,
+        max_test_samples: int | None = None,
     ) -> None:
         super().__init__()
         if isinstance(num_clients, bool) or int(num_clients) != num_clients or num_clients < 1:
@@ -111,6 +149,11 @@ class FederatedDataModule(L.LightningDataModule):
         self.seed = seed
         self.download = download
         self.partition_file = partition_file
+        for key, value in (("max_train_samples", max_train_samples), ("max_test_samples", max_test_samples)):
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+                raise ValueError(f"data.{key} must be an integer >= 1 or null (got {value!r}).")
+        self.max_train_samples = None if max_train_samples is None else int(max_train_samples)
+        self.max_test_samples = None if max_test_samples is None else int(max_test_samples)
         self._train: tuple[Tensor, Tensor] | None = None
         self._val: tuple[Tensor, Tensor] | None = None
         self._test: tuple[Tensor, Tensor] | None = None
@@ -130,6 +173,22 @@ class FederatedDataModule(L.LightningDataModule):
     def _download(self) -> None:
         """Fetch the data set into ``self.root`` (only called when ``download`` is true)."""
 
+    def natural_groups(self) -> np.ndarray | None:
+        """Natural client (role, writer) of each sample ``_load`` returned, or ``None`` if none.
+
+        Called after ``_load``; returns an integer array of the training set's length.
+        ``partition=natural`` gives one client per group (or whole groups per client).
+        """
+        return None
+
+    def transform(self, x: Tensor) -> Tensor:
+        """Turn a batch of stored features into model input (default: unchanged).
+
+        Used by the validation, test and centralised loaders and by the default
+        :meth:`augment`; a module storing ``uint8`` data normalises here.
+        """
+        return x
+
     # -- Lightning hooks ----------------------------------------------------------------
 
     def prepare_data(self) -> None:
@@ -142,15 +201,33 @@ class FederatedDataModule(L.LightningDataModule):
         if self._train is not None:
             return
         (x, y), test = self._load()
-        x, y = x.float(), y.long()
+        x, y = self._cast(x), y.long()
+        natural = isinstance(self.partition, NaturalPartition) and not self.partition_file
+        groups = self._natural_groups(len(y)) if natural else None
+        keep = subset_indices(len(y), self.max_train_samples, self.seed)
+        if keep is not None:
+            self._add_notice(f"subset: {len(keep):,} of {len(y):,} training samples (data.max_train_samples)")
+            x, y = x[torch.from_numpy(keep)], y[torch.from_numpy(keep)]
+            groups = groups[keep] if groups is not None else None
+        keep = subset_indices(len(test[1]), self.max_test_samples, self.seed)
+        if keep is not None:
+            self._add_notice(f"subset: {len(keep):,} of {len(test[1]):,} test samples (data.max_test_samples)")
+            test = (test[0][torch.from_numpy(keep)], test[1][torch.from_numpy(keep)])
         n = len(y)
         if self.notice:
             log.warning("%s: %s", self.name, self.notice)
         n_val = round(self.val_fraction * n)
         # A stream of its own, so changing val_fraction does not shift the partition's draws.
         perm = np.random.default_rng([self.seed, 1]).permutation(n)
-        val_idx = torch.from_numpy(np.sort(perm[:n_val]))
-        train_idx = torch.from_numpy(np.sort(perm[n_val:]))
+        if groups is None:
+            val_sel, train_sel = perm[:n_val], perm[n_val:]
+        else:  # hold out within each natural client, never its last sample
+            val_sel, train_sel = grouped_holdout(groups, self.val_fraction, perm)
+            n_val = len(val_sel)
+        val_idx = torch.from_numpy(np.sort(val_sel))
+        train_idx = torch.from_numpy(np.sort(train_sel))
+        #: Position of each training sample in the data ``_load`` returned (after any subset).
+        self.train_index = train_idx.numpy()
         if len(train_idx) < self.num_clients:
             raise ValueError(
                 f"data.num_clients={self.num_clients} exceeds the {len(train_idx)} training samples of "
@@ -158,11 +235,14 @@ class FederatedDataModule(L.LightningDataModule):
             )
         train = (x[train_idx].contiguous(), y[train_idx].contiguous())
         self._val = (x[val_idx].contiguous(), y[val_idx].contiguous()) if n_val else None
-        self._test = (test[0].float().contiguous(), test[1].long().contiguous())
+        self._test = (self._cast(test[0]).contiguous(), test[1].long().contiguous())
         del x, y
         labels = train[1].numpy()
         if self.partition_file:
             parts = self._read_partition(Path(self.partition_file), len(labels))
+        elif groups is not None:
+            train_groups = groups[train_idx.numpy()]
+            parts = self.partition(labels, self.num_clients, np.random.default_rng(self.seed), groups=train_groups)
         else:
             parts = self.partition(labels, self.num_clients, np.random.default_rng(self.seed))
         self._parts = [np.asarray(p, dtype=np.int64) for p in parts]
@@ -204,8 +284,10 @@ class FederatedDataModule(L.LightningDataModule):
 
         The engine calls this on every local batch with the client's own random stream, so
         augmentations stay reproducible; subclasses (e.g. CIFAR-10 crops and flips) override it.
+        The default applies :meth:`transform` only (the identity unless a subclass stores
+        compact data); an override must call :meth:`transform` itself.
         """
-        return x
+        return self.transform(x)
 
     def client_dataset(self, cid: int) -> TensorDataset:
         """Client ``cid``'s data as a ``TensorDataset``."""
@@ -243,11 +325,16 @@ class FederatedDataModule(L.LightningDataModule):
     # -- centralised loaders ------------------------------------------------------------
 
     def train_dataloader(self) -> DataLoader:
-        """All clients' data together, shuffled, for centralised training."""
+        """All clients' data together, shuffled, for centralised training.
+
+        Batches go through :meth:`augment` (with a generator seeded from ``seed``) when a
+        subclass defines augmentation or a ``transform``.
+        """
         return DataLoader(
             TensorDataset(*self._train_tensors()),
             batch_size=self.batch_size,
             shuffle=True,
+            collate_fn=_AugmentCollate(self) if self._has_batch_hooks() else None,
         )
 
     def val_dataloader(self) -> DataLoader:
@@ -335,7 +422,30 @@ class FederatedDataModule(L.LightningDataModule):
             batch_size=self.eval_batch_size,
             shuffle=False,
             num_workers=0,
+            collate_fn=_TransformCollate(self) if self._has_batch_hooks() else None,
         )
+
+    def _has_batch_hooks(self) -> bool:
+        cls = type(self)
+        return cls.transform is not FederatedDataModule.transform or cls.augment is not FederatedDataModule.augment
+
+    def _cast(self, x: Tensor) -> Tensor:
+        return x if self.feature_dtype is None else x.to(self.feature_dtype)
+
+    def _add_notice(self, text: str) -> None:
+        self.notice = f"{self.notice}; {text}" if self.notice else text
+
+    def _natural_groups(self, n: int) -> np.ndarray:
+        groups = self.natural_groups()
+        if groups is None:
+            raise ValueError(
+                f"partition=natural needs a data set with natural clients (shakespeare roles, femnist writers); "
+                f"data={self.name} has none: choose partition=iid, dirichlet, shards or quantity_skew."
+            )
+        groups = np.asarray(groups).reshape(-1)
+        if groups.size != n:
+            raise ValueError(f"{self.name}.natural_groups() gave {groups.size} group ids for {n} training samples.")
+        return groups
 
     def _check_partition(self, n: int) -> None:
         if len(self._parts) != self.num_clients:
@@ -375,3 +485,26 @@ class FederatedDataModule(L.LightningDataModule):
                 f"{k:6d} {s:7d} | {' '.join(map(str, h))}" for k, (s, h) in enumerate(zip(sizes, hist, strict=True))
             ]
             log.debug("%s partition:\n%s", self.name, "\n".join(lines))
+
+
+class _TransformCollate:
+    """Collate a batch of ``(x, y)`` pairs and apply the module's ``transform`` to ``x``."""
+
+    def __init__(self, dm: FederatedDataModule) -> None:
+        self.dm = dm
+
+    def __call__(self, batch: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
+        x, y = default_collate(batch)
+        return [self.dm.transform(x), y]
+
+
+class _AugmentCollate:
+    """Collate and ``augment`` a centralised training batch with a seeded generator."""
+
+    def __init__(self, dm: FederatedDataModule) -> None:
+        self.dm = dm
+        self.generator = torch.Generator().manual_seed(int(dm.seed) + 7919)
+
+    def __call__(self, batch: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
+        x, y = default_collate(batch)
+        return [self.dm.augment(x, self.generator), y]

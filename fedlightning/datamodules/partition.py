@@ -27,10 +27,13 @@ import numpy as np
 __all__ = [
     "DirichletPartition",
     "IIDPartition",
+    "NaturalPartition",
     "QuantitySkewPartition",
     "ShardPartition",
     "dirichlet_partition",
+    "grouped_holdout",
     "iid_partition",
+    "natural_partition",
     "partition_summary",
     "quantity_skew_partition",
     "shard_partition",
@@ -232,6 +235,69 @@ def quantity_skew_partition(
     return _group(assignment, num_clients)
 
 
+def natural_partition(groups: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Natural partition: the samples of each group (speaking role, writer) stay together.
+
+    With ``K`` equal to the number of groups ``G`` each client is one group, in ascending
+    group-id order. With ``K < G`` the groups are shuffled and dealt round-robin, so each
+    client holds ``floor(G/K)`` or ``ceil(G/K)`` whole groups.
+
+    Args:
+        groups: Integer group id per sample, shape ``(N,)``; every id present is a group.
+        num_clients: Number of clients ``K <= G``.
+        rng: Source of randomness (used only when ``K < G``).
+
+    Returns:
+        ``K`` sorted, non-empty ``int64`` index arrays.
+
+    Raises:
+        ValueError: If ``K`` exceeds the number of groups.
+
+    Example:
+        >>> [p.tolist() for p in natural_partition(np.array([5, 2, 5, 2, 9]), 3, np.random.default_rng(0))]
+        [[1, 3], [0, 2], [4]]
+    """
+    groups = np.asarray(groups).reshape(-1)
+    ids, inverse = np.unique(groups, return_inverse=True)
+    if num_clients > ids.size or num_clients < 1:
+        raise ValueError(
+            f"partition=natural gives at most one client per natural group and this data has {ids.size}; "
+            f"set data.num_clients={ids.size} (or fewer, to merge whole groups)."
+        )
+    owner = np.arange(ids.size) if num_clients == ids.size else rng.permutation(ids.size) % num_clients
+    return _group(owner[inverse].astype(np.int64), num_clients)
+
+
+def grouped_holdout(groups: np.ndarray, fraction: float, perm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hold out ``round(fraction * n_g)`` samples of each group, but never a group's last one.
+
+    Args:
+        groups: Group id per sample, shape ``(N,)``.
+        fraction: Share to hold out, in ``[0, 1)``.
+        perm: A random permutation of ``range(N)``; within a group, the samples that come
+            first in ``perm`` are held out.
+
+    Returns:
+        ``(held_out, kept)`` index arrays (unsorted); every group keeps at least one sample.
+
+    Example:
+        >>> held, kept = grouped_holdout(np.array([0, 0, 0, 0, 1]), 0.5, np.arange(5))
+        >>> held.tolist(), sorted(kept.tolist())
+        ([0, 1], [2, 3, 4])
+    """
+    groups = np.asarray(groups).reshape(-1)
+    _, inverse = np.unique(groups, return_inverse=True)
+    g = inverse[perm]
+    order = np.argsort(g, kind="stable")  # perm order kept inside each group
+    sizes = np.bincount(g)
+    starts = np.cumsum(sizes) - sizes
+    rank = np.empty(len(perm), dtype=np.int64)
+    rank[order] = np.arange(len(perm)) - np.repeat(starts, sizes)
+    quota = np.minimum(np.round(fraction * sizes).astype(np.int64), sizes - 1)
+    held = rank < quota[g]
+    return perm[held], perm[~held]
+
+
 def partition_summary(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
     """Label histogram of a partition.
 
@@ -347,3 +413,34 @@ class QuantitySkewPartition:
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         """Partition with Dirichlet-distributed client sizes and IID labels."""
         return quantity_skew_partition(len(labels), num_clients, self.alpha, rng)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NaturalPartition:
+    """``partition=natural``: clients are the data set's own groups (roles, writers).
+
+    The datamodule supplies the groups through
+    :meth:`~fedlightning.datamodules.base.FederatedDataModule.natural_groups`; data sets
+    without natural clients reject this partition with a clear error.
+    """
+
+    @property
+    def name(self) -> str:
+        """Short name for run folders and logs."""
+        return "natural"
+
+    def __call__(
+        self,
+        labels: np.ndarray,
+        num_clients: int,
+        rng: np.random.Generator,
+        *,
+        groups: np.ndarray | None = None,
+    ) -> list[np.ndarray]:
+        """Partition by ``groups`` (one group id per sample), see :func:`natural_partition`."""
+        if groups is None:
+            raise ValueError(
+                "partition=natural needs the natural client of every sample, which only data sets with "
+                "natural clients provide (data=shakespeare, data=femnist); choose another partition."
+            )
+        return natural_partition(groups, num_clients, rng)

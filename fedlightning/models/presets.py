@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from torch import nn
 
+from fedlightning.models.char_lstm import CharLSTM
 from fedlightning.models.cnn import SmallCNN
+from fedlightning.models.conv4 import Conv4
 from fedlightning.models.linear import LogisticRegression
 from fedlightning.models.mlp import MLP
+from fedlightning.models.resnet import ResNet18GN
 
-__all__ = ["FIXED_INPUT", "PRESETS", "build_model"]
+__all__ = ["FIXED_INPUT", "PRESETS", "SEQUENCE_PRESETS", "build_model"]
 
 #: Presets whose input width is part of their definition.
 FIXED_INPUT: dict[str, int] = {"small_mlp": 784, "mnistfc": 784, "digits_mlp": 64}
@@ -48,8 +52,28 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "digits_logreg": _logreg,
 }
 
+
+def _char_lstm(shape: tuple[int, ...], k: int, **options: Any) -> nn.Module:
+    if len(shape) != 1:
+        raise ValueError(
+            f"model=char_lstm expects character windows of shape (length,) (got {shape}); use data=shakespeare."
+        )
+    return CharLSTM(vocab_size=k, **options)  # FedAvg/LEAF Shakespeare LSTM, arXiv:1602.05629
+
+
+#: Presets that take extra keyword options (``model.width=...``), checked by their class.
+_OPTION_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "fedavg_cnn": lambda shape, k, **o: SmallCNN(input_shape=shape, num_classes=k, **o),  # arXiv:1602.05629
+    "conv4": lambda shape, k, **o: Conv4(input_shape=shape, num_classes=k, **o),  # arXiv:1803.03635
+    "resnet18_gn": lambda shape, k, **o: ResNet18GN(input_shape=shape, num_classes=k, **o),  # arXiv:1910.00189
+    "char_lstm": _char_lstm,
+}
+
+#: Presets for character sequences ``(length,)`` rather than images (not image-adaptive).
+SEQUENCE_PRESETS: tuple[str, ...] = ("char_lstm",)
+
 #: Every accepted preset name.
-PRESETS: tuple[str, ...] = (*_MLP_HIDDEN, "mlp", *_BUILDERS)
+PRESETS: tuple[str, ...] = (*_MLP_HIDDEN, "mlp", *_BUILDERS, *_OPTION_BUILDERS)
 
 
 def build_model(
@@ -59,6 +83,7 @@ def build_model(
     num_classes: int,
     hidden: Sequence[int] | None = None,
     data_name: str | None = None,
+    **options: Any,
 ) -> nn.Module:
     """Build a preset model for inputs of ``input_shape`` and ``num_classes`` classes.
 
@@ -66,6 +91,10 @@ def build_model(
     (64-64-C), ``mlp`` (any input, ``hidden`` widths, default the FedAvg 2NN's 200-200),
     ``cnn`` (FedAvg's CNN), ``digits_cnn`` (a 3×3, 16/32-channel CNN), ``logreg`` and
     ``digits_logreg`` (flatten + linear). The CNNs and linear models adapt to the input.
+    ``fedavg_cnn`` (FedAvg's CNN; options ``channels``, ``kernel_size``, ``hidden``),
+    ``conv4`` (Conv-4; ``channels``, ``hidden``, ``bias``), ``resnet18_gn`` (ResNet-18 with
+    GroupNorm; ``width``, ``groups``) and ``char_lstm`` (the Shakespeare LSTM; ``embed_dim``,
+    ``hidden``, ``num_layers``) take those keyword ``options``.
 
     Args:
         name: Preset name (``model=...``).
@@ -73,6 +102,7 @@ def build_model(
         num_classes: Output logits.
         hidden: Hidden widths, only for ``mlp``.
         data_name: Data set name, used in error messages.
+        **options: Keyword options of the presets that take them (``model.width=32``).
 
     Returns:
         The freshly initialised module.
@@ -85,6 +115,15 @@ def build_model(
     features = math.prod(shape)
     if name not in PRESETS:
         raise ValueError(f"model={name} is unknown; choose one of {', '.join(PRESETS)}.")
+    if name in _OPTION_BUILDERS:
+        if hidden is not None:
+            options["hidden"] = hidden
+        try:
+            return _OPTION_BUILDERS[name](shape, num_classes, **options)
+        except TypeError as exc:
+            raise ValueError(f"model={name} got an unknown option ({exc}); remove it from the model config.") from None
+    if options:
+        raise ValueError(f"model={name} takes no options {sorted(options)}; remove them from the model config.")
     if hidden is not None and name != "mlp":
         raise ValueError(f"model.hidden only applies to model=mlp (got model={name}); remove model.hidden.")
     expected = FIXED_INPUT.get(name)
