@@ -127,6 +127,7 @@ def run(
     _user_errors("data", datamodule.setup, "fit")
     if cfg.get("save_partition", True):
         datamodule.save_partition(output_dir / "partition.json")
+        datamodule.write_client_summary(output_dir / "clients.csv")
 
     data_name = choices.get("data") or getattr(datamodule, "name", type(datamodule).__name__)
     with torch.random.fork_rng(devices=[]):

@@ -57,6 +57,7 @@ def test_main_job_defaults_reach_090_on_non_iid_digits_within_a_minute(
         "csv/metrics.csv",
         "comm_records.csv",
         "partition.json",
+        "clients.csv",
         "checkpoints/last.ckpt",
     ):
         assert (tmp_path / name).is_file(), name

@@ -16,6 +16,7 @@ memory (``feature_dtype``, e.g. ``uint8``) is turned into model input per batch 
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -322,6 +323,21 @@ class FederatedDataModule(L.LightningDataModule):
         self._ensure_setup()
         return partition_summary(self._train_tensors()[1].numpy(), self._parts, self.num_classes)
 
+    def write_client_summary(self, path: str | os.PathLike[str]) -> None:
+        """Write one CSV row per client: its sample count and, for classification, label counts."""
+        self._ensure_setup()
+        sizes = self.client_sizes
+        header = ["client", "samples"]
+        rows: list[list[int]] = [[k, int(s)] for k, s in enumerate(sizes)]
+        if self.task == "classification":
+            header += [f"label_{c}" for c in range(self.num_classes)]
+            for row, counts in zip(rows, self.label_histogram(), strict=True):
+                row.extend(int(c) for c in counts)
+        with open(path, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(header)
+            writer.writerows(rows)
+
     # -- centralised loaders ------------------------------------------------------------
 
     def train_dataloader(self) -> DataLoader:
@@ -478,13 +494,15 @@ class FederatedDataModule(L.LightningDataModule):
         )
         if val == 0:
             log.info("%s: data.val_fraction=0, so validation uses the test set.", self.name)
-        if log.isEnabledFor(logging.DEBUG):
+        if self.task == "classification" and (log.isEnabledFor(logging.DEBUG) or self.num_clients <= 20):
             hist = self.label_histogram()
             lines = [f"client samples | label histogram ({self.num_classes} classes)"]
             lines += [
                 f"{k:6d} {s:7d} | {' '.join(map(str, h))}" for k, (s, h) in enumerate(zip(sizes, hist, strict=True))
             ]
-            log.debug("%s partition:\n%s", self.name, "\n".join(lines))
+            # The full table at INFO for small federations, at DEBUG otherwise (it can be long).
+            level = logging.INFO if self.num_clients <= 20 else logging.DEBUG
+            log.log(level, "%s partition:\n%s", self.name, "\n".join(lines))
 
 
 class _TransformCollate:
