@@ -1,0 +1,407 @@
+"""The Zampling parameterisation w = Q·z of any ``nn.Module`` (arXiv 2503.14246).
+
+Paper: Villani, Natale, Mallmann-Trenn, "Sampling networks by sampling: Zampling",
+arXiv 2503.14246 (§"Our Framework"). Names follow the paper:
+
+* ``m``: number of weights of the network (weights *and* biases, in ``parameters()`` order);
+* ``n``: number of trainable parameters p ∈ [0,1]^n (the compression factor is m/n);
+* ``d``: weight degree, the number of non-zeros of every row of Q;
+* ``Q``: fixed m × n matrix, row i has d non-zeros at distinct random columns with values
+  N(0, 6/(d·n_ℓ)), n_ℓ the fan-in of the neuron that weight i feeds (biases use the fan-in of
+  their layer). Q is generated from a seed that server and clients share and is never sent;
+* ``z`` ∈ {0,1}^n: a mask sampled from Bernoulli(p); the network's weights are w = Q·z
+  (the *expected network* uses w = Q·p).
+
+Q is stored twice in compressed-sparse-row form with int32 indices (rows of Q and rows of
+Qᵀ), so memory is O(m·d). :class:`ZampledWeights` computes w for consecutive masks
+incrementally (w ← w + Q·(z_new − z_old), only the flipped columns) and its backward pass
+computes Qᵀ·∂L/∂w only for the columns that are still free (0 < p < 1).
+
+Example:
+    >>> from fedlightning.models.mlp import MLP
+    >>> net = MLP(in_features=4, hidden=[3], num_classes=2)
+    >>> q = zampling_q(row_fan_in(net), n=5, d=2, seed=0)
+    >>> q.shape, q.d, int(q.row_degree().min()), int(q.row_degree().max())
+    ((23, 5), 2, 2, 2)
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from fedlightning.errors import ConfigError
+
+__all__ = [
+    "SparseQ",
+    "ZampledNetwork",
+    "ZampledWeights",
+    "diagonal_q",
+    "draw_distinct_columns",
+    "glorot_std",
+    "q_product",
+    "row_fan_in",
+    "row_fan_out",
+    "zampling_q",
+    "zampling_std",
+]
+
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+# ---------------------------------------------------------------------------------- fan-in
+def _module_fans(module: nn.Module) -> tuple[int, int]:
+    """(fan_in, fan_out) of the neurons of a module with a ≥2-D ``weight`` (1, 1 otherwise)."""
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, Tensor) and weight.dim() >= 2:
+        receptive = math.prod(weight.shape[2:])
+        return int(weight.shape[1]) * receptive, int(weight.shape[0]) * receptive
+    return 1, 1
+
+
+def _row_fans(model: nn.Module, which: int) -> Tensor:
+    out: list[Tensor] = []
+    for module in model.modules():
+        fans = _module_fans(module)
+        for _, p in module.named_parameters(recurse=False):
+            out.append(torch.full((p.numel(),), float(fans[which])))
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def row_fan_in(model: nn.Module) -> Tensor:
+    """Fan-in n_ℓ of the neuron each weight feeds, one entry per weight in ``parameters()`` order.
+
+    A weight of shape (out, in, k…) feeds a neuron with in·∏k inputs; a bias uses the fan-in
+    of its layer (the paper leaves bias rows unspecified). Parameters of modules without a
+    ≥2-D weight (normalisation layers) get fan-in 1.
+
+    >>> from fedlightning.models.mlp import MLP
+    >>> row_fan_in(MLP(in_features=3, hidden=[], num_classes=2)).tolist()
+    [3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0]
+    """
+    return _row_fans(model, 0)
+
+
+def row_fan_out(model: nn.Module) -> Tensor:
+    """Fan-out of each weight's layer (for Glorot initialisation), in ``parameters()`` order."""
+    return _row_fans(model, 1)
+
+
+def zampling_std(fan_in: Tensor, d: int) -> Tensor:
+    """Standard deviation σ_i = sqrt(6 / (d·n_ℓ)) of Q's non-zeros in row i.
+
+    >>> zampling_std(torch.tensor([6.0]), d=1).item()
+    1.0
+    """
+    return torch.sqrt(6.0 / (d * fan_in))
+
+
+def glorot_std(fan_in: Tensor, fan_out: Tensor) -> Tensor:
+    """Glorot-normal standard deviation sqrt(2 / (fan_in + fan_out)) (Zhou et al.'s default).
+
+    >>> glorot_std(torch.tensor([1.0]), torch.tensor([1.0])).item()
+    1.0
+    """
+    return torch.sqrt(2.0 / (fan_in + fan_out))
+
+
+# ---------------------------------------------------------------------------------- Q
+def draw_distinct_columns(m: int, n: int, d: int, generator: torch.Generator) -> Tensor:
+    """An (m, d) int64 tensor: for each row, d distinct columns in [0, n), sorted.
+
+    Draws with replacement, then redraws only the duplicated entries until none remain
+    (each round removes all but a d/n fraction of them); for d > n/2 it takes the top-d of
+    uniform keys instead, which is exact and cheap because n is then small.
+
+    >>> cols = draw_distinct_columns(4, 5, 5, torch.Generator().manual_seed(0))
+    >>> cols.tolist()[0]
+    [0, 1, 2, 3, 4]
+    """
+    if not 1 <= d <= n:
+        raise ConfigError(f"method.d must be between 1 and n={n} (got d={d}); lower method.d or method.compression.")
+    if 2 * d > n:
+        out = torch.empty((m, d), dtype=torch.int64)
+        chunk = max(1, 2**22 // n)
+        for start in range(0, m, chunk):
+            rows = min(chunk, m - start)
+            keys = torch.rand((rows, n), generator=generator)
+            out[start : start + rows] = keys.topk(d, dim=1).indices.sort(dim=1).values
+        return out
+    cols = torch.randint(0, n, (m, d), generator=generator).sort(dim=1).values
+    while True:
+        dup = torch.zeros_like(cols, dtype=torch.bool)
+        dup[:, 1:] = cols[:, 1:] == cols[:, :-1]
+        count = int(dup.sum())
+        if count == 0:
+            return cols
+        cols[dup] = torch.randint(0, n, (count,), generator=generator)
+        cols = cols.sort(dim=1).values
+
+
+@dataclass
+class SparseQ:
+    """The m × n matrix Q with exactly ``d`` non-zeros per row, in two CSR layouts.
+
+    Attributes:
+        cols: (m, d) int64 column indices of each row (sorted, distinct).
+        vals: (m, d) float32 values.
+        n: number of columns.
+    """
+
+    cols: Tensor
+    vals: Tensor
+    n: int
+
+    def __post_init__(self) -> None:
+        m, d = self.cols.shape
+        self.m, self.d = int(m), int(d)
+        flat_cols = self.cols.reshape(-1)
+        flat_vals = self.vals.reshape(-1).to(torch.float32)
+        crow = torch.arange(0, self.m * self.d + 1, self.d, dtype=torch.int32)
+        self.csr = torch.sparse_csr_tensor(crow, flat_cols.to(torch.int32), flat_vals, (self.m, self.n))
+        order = torch.argsort(flat_cols, stable=True)
+        counts = torch.bincount(flat_cols, minlength=self.n)
+        self.col_ptr = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        self.col_rows = (order // self.d).to(torch.int32)  # row of each entry, column-major
+        self.col_vals = flat_vals[order]
+        self.csr_t = torch.sparse_csr_tensor(
+            self.col_ptr.to(torch.int32), self.col_rows, self.col_vals, (self.n, self.m)
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(m, n)."""
+        return (self.m, self.n)
+
+    def row_degree(self) -> Tensor:
+        """Number of distinct column indices of each row (exactly d by construction)."""
+        return 1 + (self.cols[:, 1:] != self.cols[:, :-1]).sum(dim=1)
+
+    def to_dense(self) -> Tensor:
+        """Q as a dense m × n tensor (tests and tiny models only)."""
+        dense = torch.zeros(self.m, self.n)
+        dense.scatter_add_(1, self.cols, self.vals.to(torch.float32))
+        return dense
+
+    def matvec(self, z: Tensor) -> Tensor:
+        """Q·z for a length-n vector."""
+        return (self.csr @ z.reshape(-1, 1).to(torch.float32)).reshape(-1)
+
+    def rmatvec(self, g: Tensor) -> Tensor:
+        """Qᵀ·g for a length-m vector."""
+        return (self.csr_t @ g.reshape(-1, 1)).reshape(-1)
+
+    def column_block(self, columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(ptr, rows, vals) of the CSR of Qᵀ restricted to ``columns`` (int64, sorted or not)."""
+        counts = self.col_ptr[columns + 1] - self.col_ptr[columns]
+        ptr = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        total = int(ptr[-1])
+        offsets = torch.arange(total) - torch.repeat_interleave(ptr[:-1], counts)
+        positions = torch.repeat_interleave(self.col_ptr[columns], counts) + offsets
+        return ptr, self.col_rows[positions], self.col_vals[positions]
+
+    def add_columns_(self, w: Tensor, columns: Tensor, delta: Tensor) -> None:
+        """w ← w + Q[:, columns]·delta in place (the incremental update for flipped bits)."""
+        ptr, rows, vals = self.column_block(columns)
+        counts = ptr[1:] - ptr[:-1]
+        w.index_add_(0, rows.to(torch.int64), vals * torch.repeat_interleave(delta.to(vals.dtype), counts))
+
+    def to(self, device: torch.device | str) -> SparseQ:
+        """A copy on ``device``."""
+        return SparseQ(cols=self.cols.to(device), vals=self.vals.to(device), n=self.n)
+
+
+def zampling_q(fan_in: Tensor, *, n: int, d: int, seed: int) -> SparseQ:
+    """The paper's Q: d distinct random columns per row, values N(0, 6/(d·fan_in)), from ``seed``.
+
+    Args:
+        fan_in: length-m fan-in of each row's neuron (see :func:`row_fan_in`).
+        n: number of trainable parameters (columns).
+        d: non-zeros per row; must satisfy 1 ≤ d ≤ n.
+        seed: the shared seed; the same seed gives the same Q bit for bit.
+    """
+    if n < 1:
+        raise ConfigError(f"method.n must be at least 1 (got {n}); lower method.compression.")
+    gen = torch.Generator().manual_seed(int(seed))
+    cols = draw_distinct_columns(int(fan_in.numel()), n, d, gen)
+    vals = torch.randn(cols.shape, generator=gen) * zampling_std(fan_in, d).unsqueeze(1)
+    return SparseQ(cols=cols, vals=vals, n=n)
+
+
+def diagonal_q(values: Tensor) -> SparseQ:
+    """Q = diag(values): d = 1, n = m, each weight masked by its own bit (supermask, FedPM)."""
+    m = values.numel()
+    return SparseQ(cols=torch.arange(m).unsqueeze(1), vals=values.reshape(m, 1).to(torch.float32), n=m)
+
+
+# ---------------------------------------------------------------------------------- Q·z
+class _QProduct(torch.autograd.Function):
+    """w = Q·z with the value precomputed; backward gives Qᵀ·g on the free columns only.
+
+    Straight-through: the gradient with respect to the sample z is handed to the
+    probability input ``p`` (dL/dp := dL/dz), optionally multiplied by p (FedPM's estimator),
+    and zero on frozen columns.
+    """
+
+    @staticmethod
+    def forward(ctx, p: Tensor, w: Tensor, weights: ZampledWeights) -> Tensor:  # type: ignore[override]
+        ctx.weights = weights
+        ctx.save_for_backward(p)
+        return w.clone()
+
+    @staticmethod
+    def backward(ctx, grad_w: Tensor) -> tuple[Tensor | None, None, None]:  # type: ignore[override]
+        (p,) = ctx.saved_tensors
+        grad = ctx.weights.masked_rmatvec(grad_w.contiguous())
+        if ctx.weights.scale_by_p:
+            grad = grad * p
+        return grad, None, None
+
+
+def q_product(p: Tensor, z: Tensor, q: SparseQ) -> Tensor:
+    """w = Q·z with the straight-through gradient ∂L/∂p = Qᵀ·∂L/∂w (no masking, no cache).
+
+    >>> q = SparseQ(cols=torch.tensor([[0], [1]]), vals=torch.tensor([[2.0], [3.0]]), n=2)
+    >>> p = torch.tensor([0.5, 0.5], requires_grad=True)
+    >>> q_product(p, torch.tensor([1.0, 0.0]), q).sum().backward()
+    >>> p.grad.tolist()
+    [2.0, 3.0]
+    """
+    weights = ZampledWeights(q, mask_frozen=False)
+    return weights(p, z)
+
+
+class ZampledWeights:
+    """w = Q·z for a stream of masks, with incremental updates and a masked backward.
+
+    Keeps the last mask and its w; a new mask that differs in fewer than
+    ``incremental_fraction``·n coordinates is applied as w ← w + Q·(z_new − z_old), otherwise
+    w is recomputed (also every ``refresh_every`` incremental steps, bounding float drift).
+    With ``mask_frozen`` the backward computes Qᵀ·g only on columns with 0 < p < 1 (the
+    paper's gradient mask), over a cached column block rebuilt when the free set shrank by
+    ``rebuild_fraction``.
+
+    Args:
+        q: the matrix.
+        mask_frozen: zero the gradient where p is exactly 0 or 1 (Zampling's rule).
+        scale_by_p: multiply the gradient by p (FedPM's estimator).
+    """
+
+    def __init__(
+        self,
+        q: SparseQ,
+        *,
+        mask_frozen: bool = True,
+        scale_by_p: bool = False,
+        incremental_fraction: float = 0.02,
+        refresh_every: int = 256,
+        rebuild_fraction: float = 0.1,
+    ) -> None:
+        self.q = q
+        self.mask_frozen = mask_frozen
+        self.scale_by_p = scale_by_p
+        self.incremental_fraction = incremental_fraction
+        self.refresh_every = refresh_every
+        self.rebuild_fraction = rebuild_fraction
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the cached mask (call when Q's input changes discontinuously)."""
+        self._z: Tensor | None = None
+        self._w: Tensor | None = None
+        self._since_refresh = 0
+        self._free: Tensor | None = None
+        self._block: tuple[Tensor, Tensor, int] | None = None  # (columns, CSR of Qᵀ[columns], free count)
+        self.stats = {"full": 0, "incremental": 0, "flipped": 0}
+
+    def weights_for(self, z: Tensor) -> Tensor:
+        """Q·z, reusing the previous product when few coordinates changed (no autograd)."""
+        z = z.detach()
+        if self._z is not None and self._since_refresh < self.refresh_every:
+            changed = torch.nonzero(z != self._z).squeeze(1)
+            if changed.numel() <= self.incremental_fraction * self.q.n:
+                assert self._w is not None
+                if changed.numel():
+                    self.q.add_columns_(self._w, changed, z[changed] - self._z[changed])
+                self._z = z.clone()
+                self._since_refresh += 1
+                self.stats["incremental"] += 1
+                self.stats["flipped"] += int(changed.numel())
+                return self._w
+        self._w = self.q.matvec(z)
+        self._z = z.clone()
+        self._since_refresh = 0
+        self.stats["full"] += 1
+        return self._w
+
+    def set_free(self, p: Tensor) -> None:
+        """Record which columns are free (0 < p < 1) for the next backward passes."""
+        self._free = (p > 0) & (p < 1) if self.mask_frozen else None
+
+    def masked_rmatvec(self, g: Tensor) -> Tensor:
+        """Qᵀ·g, zero on frozen columns, computed only over (a superset of) the free ones."""
+        free = self._free
+        if free is None:
+            return self.q.rmatvec(g)
+        num_free = int(free.sum())
+        if num_free == self.q.n:
+            return self.q.rmatvec(g)
+        block = self._block
+        if block is None or num_free < (1.0 - self.rebuild_fraction) * block[2] or num_free > block[2]:
+            columns = torch.nonzero(free).squeeze(1)
+            ptr, rows, vals = self.q.column_block(columns)
+            csr = torch.sparse_csr_tensor(ptr.to(torch.int32), rows, vals, (columns.numel(), self.q.m))
+            block = self._block = (columns, csr, num_free)
+        columns, csr, _ = block
+        out = torch.zeros(self.q.n, dtype=g.dtype, device=g.device)
+        if columns.numel():
+            out[columns] = (csr @ g.reshape(-1, 1)).reshape(-1)
+        return out * free.to(g.dtype)
+
+    def __call__(self, p: Tensor, z: Tensor) -> Tensor:
+        """w = Q·z whose gradient flows to ``p`` (straight-through, masked where p ∈ {0, 1})."""
+        self.set_free(p.detach())
+        w = self.weights_for(z)
+        return _QProduct.apply(p, w, self)
+
+
+# ---------------------------------------------------------------------------------- network
+class ZampledNetwork:
+    """Runs an ``nn.Module`` with its parameters replaced by slices of a flat weight vector.
+
+    The module's own parameters are untouched; ``forward(x, w)`` calls it functionally.
+
+    Args:
+        model: the architecture (its parameter order defines the rows of Q).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.names = [name for name, _ in model.named_parameters()]
+        self.shapes = [p.shape for _, p in model.named_parameters()]
+        self.sizes = [p.numel() for _, p in model.named_parameters()]
+        self.m = sum(self.sizes)
+
+    def views(self, w: Tensor) -> dict[str, Tensor]:
+        """Name → view of ``w`` shaped like that parameter."""
+        if w.numel() != self.m:
+            raise ValueError(f"A weight vector of {w.numel()} values cannot fill a model with {self.m} parameters.")
+        return {
+            name: chunk.view(shape)
+            for name, chunk, shape in zip(self.names, w.split(self.sizes), self.shapes, strict=True)
+        }
+
+    def forward(self, x: Tensor, w: Tensor) -> Tensor:
+        """The model's output on ``x`` with weights ``w``."""
+        return functional_call(self.model, self.views(w), (x,))
+
+    def parameters_iter(self) -> Iterator[Tensor]:
+        """The wrapped module's parameters (not used by the functional forward)."""
+        return iter(self.model.parameters())

@@ -1,0 +1,274 @@
+"""Zampling parameterisation, estimators and the federated method (arXiv 2503.14246)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedlightning.errors import ConfigError
+from fedlightning.methods.zampling import (
+    frozen_fraction,
+    mean_of_bits,
+    probability_from_score,
+    score_from_probability,
+    trainable_size,
+)
+from fedlightning.models.mlp import MLP
+from fedlightning.models.zampling import (
+    SparseQ,
+    ZampledNetwork,
+    ZampledWeights,
+    diagonal_q,
+    draw_distinct_columns,
+    row_fan_in,
+    zampling_q,
+)
+from fedlightning.run import run
+
+SMALL = MLP(in_features=784, hidden=[20, 20], num_classes=10)  # m = 16,330
+
+
+# ---------------------------------------------------------------------------------- Q
+@pytest.mark.parametrize(("n", "d"), [(510, 10), (16, 16), (16, 10), (8331, 100), (3, 1)])
+def test_row_degree_is_exactly_d_with_distinct_columns(n: int, d: int) -> None:
+    q = zampling_q(row_fan_in(SMALL), n=n, d=d, seed=3)
+    assert q.shape == (16_330, n)
+    assert torch.equal(q.row_degree(), torch.full((16_330,), d))
+    assert int(q.cols.min()) >= 0 and int(q.cols.max()) < n
+    assert torch.all(q.vals != 0)
+
+
+def test_same_seed_same_q_and_other_seed_differs() -> None:
+    a = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=7)
+    b = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=7)  # "the client" builds its own copy
+    c = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=8)
+    assert torch.equal(a.cols, b.cols) and torch.equal(a.vals, b.vals)
+    assert not torch.equal(a.cols, c.cols)
+
+
+def test_d_larger_than_n_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"method\.d"):
+        zampling_q(row_fan_in(SMALL), n=16, d=50, seed=0)
+
+
+def test_fan_in_of_weights_and_biases() -> None:
+    fan = row_fan_in(MLP(in_features=3, hidden=[2], num_classes=4))
+    # layer 1: 2x3 weights + 2 biases feed neurons with 3 inputs; layer 2: 4x2 + 4 with 2 inputs
+    assert fan.tolist() == [3.0] * 8 + [2.0] * 12
+
+
+def test_q_variance_matches_6_over_d_fan_in() -> None:
+    # mnistfc-like first layer: 300 x 784 rows with fan-in 784; d = 10
+    fan = torch.full((235_200,), 784.0)
+    q = zampling_q(fan, n=8000, d=10, seed=0)
+    expected = 6.0 / (10 * 784)
+    var = float(q.vals.double().var())
+    # 2.35M N(0, s²) draws: relative standard error of the variance is sqrt(2/N) ≈ 0.1%
+    assert var == pytest.approx(expected, rel=0.01)
+    # Kaiming lemma: Var((Q p)_i) = 6 E[p²] / fan_in = 2 / fan_in for p ~ U(0,1) (expected network)
+    p = torch.rand(8000, generator=torch.Generator().manual_seed(1))
+    assert float(q.matvec(p).double().var()) == pytest.approx(2.0 / 784, rel=0.05)
+    # ... and 6 E[z] / fan_in = 3 / fan_in for a sampled network (1.5x Kaiming, method-references §1.1)
+    z = torch.bernoulli(p, generator=torch.Generator().manual_seed(2))
+    assert float(q.matvec(z).double().var()) == pytest.approx(3.0 / 784, rel=0.05)
+
+
+def test_draw_distinct_columns_hand_case() -> None:
+    cols = draw_distinct_columns(2, 3, 3, torch.Generator().manual_seed(0))
+    assert cols.tolist() == [[0, 1, 2], [0, 1, 2]]
+
+
+# ---------------------------------------------------------------------------------- products
+def _tiny_q() -> SparseQ:
+    # Q = [[2, 0, 1], [0, 3, 0]] written as d = 2 rows? row 2 has d = 1: use d = 2 with distinct cols
+    return SparseQ(cols=torch.tensor([[0, 2], [1, 2]]), vals=torch.tensor([[2.0, 1.0], [3.0, -1.0]]), n=3)
+
+
+def test_q_products_by_hand() -> None:
+    q = _tiny_q()  # Q = [[2, 0, 1], [0, 3, -1]]
+    assert q.matvec(torch.tensor([1.0, 1.0, 0.0])).tolist() == [2.0, 3.0]
+    assert q.rmatvec(torch.tensor([1.0, 2.0])).tolist() == [2.0, 6.0, -1.0]
+    assert torch.equal(q.to_dense(), torch.tensor([[2.0, 0.0, 1.0], [0.0, 3.0, -1.0]]))
+
+
+def test_continuous_model_gives_w_equal_q_p_exactly() -> None:
+    q = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=0)
+    p = torch.rand(510, generator=torch.Generator().manual_seed(0))
+    dense = q.to_dense().double() @ p.double()
+    weights = ZampledWeights(q)
+    w = weights(p.clone().requires_grad_(True), p)  # continuous: z = p
+    assert torch.allclose(w.double(), dense, atol=1e-6)
+    # the expected-network helper is the same product
+    assert torch.allclose(q.matvec(p).double(), dense, atol=1e-6)
+
+
+def test_d1_n_m_is_a_supermask_parameterisation() -> None:
+    m = 16_330
+    q = zampling_q(row_fan_in(SMALL), n=m, d=1, seed=0)
+    z = torch.bernoulli(torch.full((m,), 0.5), generator=torch.Generator().manual_seed(0))
+    w = q.matvec(z)
+    # each weight is either 0 or its own fixed random value: w_i = q_i · z_{c(i)}
+    assert torch.equal(w, q.vals[:, 0] * z[q.cols[:, 0]])
+    # with the identity column map (diagonal_q) it is exactly Zhou's supermask w = w0 ⊙ z
+    w0 = torch.randn(m)
+    assert torch.equal(diagonal_q(w0).matvec(z), w0 * z)
+
+
+def test_incremental_updates_match_full_product() -> None:
+    q = zampling_q(row_fan_in(SMALL), n=2000, d=10, seed=1)
+    weights = ZampledWeights(q, incremental_fraction=0.05, refresh_every=1000)
+    gen = torch.Generator().manual_seed(0)
+    z = torch.bernoulli(torch.full((2000,), 0.5), generator=gen)
+    for _ in range(30):
+        flip = torch.rand(2000, generator=gen) < 0.01
+        z = torch.where(flip, 1 - z, z)
+        assert torch.allclose(weights.weights_for(z), q.matvec(z), atol=1e-5)
+    assert weights.stats["incremental"] >= 25
+
+
+def test_masked_backward_is_q_transpose_on_free_columns() -> None:
+    q = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=2)
+    gen = torch.Generator().manual_seed(0)
+    for frozen_share in (0.0, 0.3, 0.9):
+        p = torch.rand(510, generator=gen)
+        frozen = torch.rand(510, generator=gen) < frozen_share
+        p = torch.where(frozen, torch.round(p), p).requires_grad_(True)
+        g = torch.randn(16_330, generator=gen)
+        weights = ZampledWeights(q)
+        w = weights(p, torch.bernoulli(p.detach(), generator=gen))
+        (w * g).sum().backward()
+        expected = (q.to_dense().T @ g) * ((p.detach() > 0) & (p.detach() < 1)).float()
+        assert torch.allclose(p.grad, expected, atol=1e-5)
+
+
+def test_estimators_by_hand() -> None:
+    q = SparseQ(cols=torch.tensor([[0], [1]]), vals=torch.tensor([[2.0], [3.0]]), n=2)
+    z = torch.tensor([1.0, 0.0])
+    # Zampling: dL/ds = Qᵀ g ⊙ 1{0<p<1}: coordinate 1 sits at p = 1 and is frozen
+    s = torch.tensor([0.4, 1.0], requires_grad=True)
+    p = probability_from_score(s, "zampling")
+    ZampledWeights(q)(p, z).sum().backward()
+    assert s.grad.tolist() == [2.0, 0.0]
+    # Zhou: p = sigmoid(s), dL/ds = σ'(s) Qᵀg; at s = 0: 0.25 · [2, 3]
+    s = torch.zeros(2, requires_grad=True)
+    ZampledWeights(q, mask_frozen=False)(probability_from_score(s, "zhou"), z).sum().backward()
+    assert s.grad.tolist() == [0.5, 0.75]
+    # FedPM: the same times p = 0.5
+    s = torch.zeros(2, requires_grad=True)
+    ZampledWeights(q, mask_frozen=False, scale_by_p=True)(probability_from_score(s, "fedpm"), z).sum().backward()
+    assert s.grad.tolist() == [0.25, 0.375]
+
+
+def test_score_maps_and_server_maths() -> None:
+    assert score_from_probability(torch.tensor([0.3]), "zampling").tolist() == pytest.approx([0.3])
+    s = score_from_probability(torch.tensor([0.2, 0.9]), "fedpm")
+    assert probability_from_score(s, "fedpm").tolist() == pytest.approx([0.2, 0.9])
+    assert mean_of_bits(torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [1.0, 0.0]])).tolist() == [1.0, 0.25]
+    assert frozen_fraction(torch.tensor([1.0, 0.25, 0.0, 0.0])) == 0.75
+    assert trainable_size(m=16_330, compression=8, n=None) == 2041
+    with pytest.raises(ConfigError, match="exactly one"):
+        trainable_size(m=10, compression=2, n=5)
+
+
+def test_zampled_network_runs_the_model_functionally() -> None:
+    model = MLP(in_features=4, hidden=[3], num_classes=2)
+    net = ZampledNetwork(model)
+    w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    x = torch.randn(5, 4)
+    assert torch.allclose(net.forward(x, w), model(x))
+    assert not torch.allclose(net.forward(x, 2 * w), model(x))
+
+
+# ---------------------------------------------------------------------------------- end to end
+DIGITS = ["method=zampling", "data=digits", "model=digits_mlp", "partition=iid", "method.val_samples=3"]
+
+
+def _summary(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "summary.json").read_text())
+
+
+def test_federated_zampling_on_digits(make_config, tmp_path: Path) -> None:
+    cfg = make_config([*DIGITS, "rounds=3", "method.compression=4", "method.test_samples=5"])
+    summary = run(cfg, tmp_path)
+    n = 4810 // 4
+    # uplink: exactly n bits per client per round, bit-packed
+    assert summary["comm/uplink_bits_per_client_round"] == n
+    assert summary["comm/uplink_compression"] == pytest.approx(32 * 4810 / n)
+    for key in (
+        "test/acc",
+        "test/acc_sampled_mean",
+        "test/acc_sampled_std",
+        "test/acc_best_mask",
+        "test/acc_discretised",
+        "val/acc_sampled_mean",
+        "model/frozen_fraction",
+    ):
+        assert key in summary, key
+    assert 0 < summary["model/frozen_fraction"] < 1
+    assert summary["test/acc"] > 0.3  # 3 rounds on digits: far above the 0.1 of chance
+
+
+def test_server_p_is_exactly_a_mean_of_bits_and_lattice_downlink(make_config, tmp_path: Path) -> None:
+    cfg = make_config(
+        [
+            *DIGITS,
+            "rounds=3",
+            "method.compression=8",
+            "method.downlink=lattice",
+            "method.uplink=arithmetic",
+            "method.test_samples=2",
+        ]
+    )
+    summary = run(cfg, tmp_path)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    p = ckpt["state_dict"]["p"]
+    assert torch.equal(p * 10, torch.round(p * 10))  # K = 10 clients
+    n = 4810 // 8
+    # downlink: round 0 float32 (p(0) ~ U(0,1)), then 32-bit header + 4 bits per coordinate
+    assert summary["comm/downlink_bits_total"] == 10 * (32 * n + 2 * (32 + 4 * n))
+    # uplink range-coded against the broadcast p: below n bits once p has polarised
+    records = (tmp_path / "comm_records.csv").read_text().splitlines()[1:]
+    last_round_up = [int(r.split(",")[3]) for r in records if r.startswith("2,") and ",up," in r]
+    assert len(last_round_up) == 10 and max(last_round_up) < n
+
+
+def test_frozen_fraction_remedy_keeps_every_coordinate_trainable(make_config, tmp_path: Path) -> None:
+    cfg = make_config([*DIGITS, "rounds=3", "method.compression=4", "method.p_clamp=0.01", "method.test_samples=2"])
+    summary = run(cfg, tmp_path / "clamp")
+    assert summary["model/frozen_fraction"] == 0.0
+    assert summary["model/saturated_fraction"] > 0.2  # the raw mean does hit 0 and 1 ...
+    faithful = run(make_config([*DIGITS, "rounds=3", "method.compression=4", "method.test_samples=2"]), tmp_path / "f")
+    assert faithful["model/frozen_fraction"] == faithful["model/saturated_fraction"] > 0.2  # ... and freezes there
+
+
+def test_local_and_continuous_zampling_run(make_config, tmp_path: Path) -> None:
+    base = [
+        "data=digits",
+        "model=digits_mlp",
+        "partition=iid",
+        "data.num_clients=1",
+        "rounds=2",
+        "method.compression=2",
+        "method.val_samples=2",
+        "method.test_samples=2",
+    ]
+    local = run(make_config(["method=local_zampling", *base, "method.client_optimizer.lr=0.01"]), tmp_path / "l")
+    assert local["comm/uplink_bits_per_client_round"] == 32 * (4810 // 2)  # p itself, float32
+    assert local["test/acc_sampled_mean"] > 0.2
+    cont = run(make_config(["method=continuous_zampling", *base]), tmp_path / "c")
+    assert cont["test/acc"] > 0.5  # the continuous model is evaluated as the expected network
+
+
+def test_bad_configs_name_the_key(make_config, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"method\.d"):
+        run(make_config([*DIGITS, "rounds=1", "method.compression=1024", "method.d=10"]), tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"method\.estimator"):
+        run(make_config([*DIGITS, "rounds=1", "method.estimator=relu"]), tmp_path / "b")
+    with pytest.raises(ConfigError, match=r"method\.uplink=arithmetic"):
+        run(
+            make_config([*DIGITS, "rounds=1", "method.upload=probabilities", "method.uplink=arithmetic"]),
+            tmp_path / "c",
+        )
