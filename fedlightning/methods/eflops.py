@@ -1,0 +1,386 @@
+"""E-FLoPS: entropy-regularised federated learning with probabilistic (hard-concrete) gates.
+
+Paper: Kovelakuntla Huthasana, Olama, Lundell, "Entropy-Regularized Probabilistic Gates for
+Sparse Model Discovery in Scarce-Data Federated Learning", arXiv 2607.00275 (2026); its
+predecessor FLoPS is arXiv 2512.23071. Gates: Louizos et al., arXiv 1712.01312. No public
+code exists; every choice the paper leaves open is documented below and is a constructor
+argument (``configs/method/eflops.yaml``).
+
+Model. Every parameter j has a hard-concrete gate z_j (β = 2/3, γ = −0.1, ζ = 1.1) with
+parameter φ_j = log α_j; the network uses θ = θ̃ ⊙ z. Each client minimises, over θ̃ and φ,
+
+    L = (1/n_k) Σ_i ℓ(h(x_i; θ̃ ⊙ z), y_i) + λ (D(φ) − ρ) + T · (1/|θ|) Σ_j KL(q(z_j ≠ 0) ‖ p)
+
+with one gate sample per mini-batch, and ascends the dual variable
+λ ← max(0, λ + η_λ (D − ρ)) after every local step (``constraint="equality"`` drops the
+projection onto λ ≥ 0). Open choices (the paper's text leaves them unspecified):
+
+* ``density_estimator``: D(φ) = mean_j P(z_j ≠ 0) (``"prob_nonzero"``, closed form, Louizos;
+  default) or mean_j E[z_j] (``"expected_gate"``, the FLoPS text; midpoint quadrature).
+* ``prior``: the KL prior on the gate-on event is Bernoulli(ρ) (``"target"``, default: it pulls
+  gates towards the target density without forcing 0/1) or Bernoulli(1/2) (``"uniform"``: the
+  KL is then log 2 minus the gate entropy, i.e. plain entropy maximisation). q is
+  Bernoulli(P(z_j ≠ 0)).
+* learning rates: θ̃ uses ``client_optimizer``; φ its own ``log_alpha_lr`` (a second parameter
+  group of the same optimiser); λ plain projected ascent with ``lambda_lr``.
+* log α is clamped to ``[log_alpha_min, log_alpha_max]`` after each step. Louizos' range
+  [log 1e-2, log 1e2] floors P(z ≠ 0) at 0.047, above the targets ρ ≤ 0.025 studied here, so
+  the default range is [−10, 10] (floor 2.3e-4).
+
+Communication (both directions carry the same sparse format, :class:`GateMessageCodec`):
+the positions of m = ⌊ρ |θ|⌋ coordinates (index-coded, ``fedlightning.compression.index_coding``),
+θ̃ and π = P(z ≠ 0) at those positions (float32 each), and λ (float32). The m coordinates are
+the top-m by ``selection``: |θ̃| · P(z ≠ 0) (``"expected_magnitude"``, default) or |θ̃ ⊙ ẑ| with
+the test-time gate (``"test_gate"``).
+
+* A client rebuilds its model from the broadcast: θ̃ and log α = logit⁻¹ of π on the support;
+  off the support θ̃ is reset to its initial value θ̃⁰ (``off_support="init"``, derived from the
+  run seed that clients and server share, so it costs no bits) or to 0 (``"zero"``), and
+  log α to ``log_alpha_init``: off-support gates are re-opened every round, which is the
+  exploration the entropy term protects.
+* The server rebuilds the global model from the uploads: θ̃_j is the sample-weighted mean over
+  the clients that sent j; the gate statistic π̄_j = Σ_k w_k π_kj counts a client that did not
+  send j as π_min (its gate closed), and the global log α is recovered from π̄ (the noise of the
+  gates is not communicated); λ is the weighted mean of the clients' λ. The server then keeps
+  the top-m of the rebuilt state for the next broadcast. The server "optimiser" must therefore
+  be SGD(lr=1) (the rebuilt state replaces the old one).
+
+Evaluation uses the global top-m support with the deterministic test-time gate,
+θ = θ̃_S ⊙ ẑ_S (zeros elsewhere); ``model/density`` is its fraction of non-zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from fedlightning.compression.bitstream import BitReader, BitWriter
+from fedlightning.compression.index_coding import read_positions, write_positions
+from fedlightning.errors import ConfigError
+from fedlightning.federated.cohort import Cohort
+from fedlightning.federated.message import Message
+from fedlightning.federated.module import ClientResult, ClientUpload, FederatedModule
+from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters
+from fedlightning.federated.rng import SERVER
+from fedlightning.metrics.sparse_report import SparseModelReport, unflatten
+from fedlightning.metrics.sparsity import num_kept, top_m_mask
+from fedlightning.models.hard_concrete import HardConcrete, bernoulli_kl, uniform_noise
+
+__all__ = ["EFLoPS", "GateMessageCodec", "aggregate_gated_uploads", "pack_gate_state", "unpack_gate_state"]
+
+
+def pack_gate_state(theta: Tensor, pi: Tensor, support: Tensor, lagrange: float | Tensor) -> Tensor:
+    """The logical message [θ̃ on S, π on S, λ] as one flat tensor (zeros off S; π > 0 on S)."""
+    s = support.to(theta.dtype)
+    lam = torch.as_tensor(lagrange, dtype=theta.dtype, device=theta.device).reshape(1)
+    return torch.cat([theta * s, pi * s, lam])
+
+
+def unpack_gate_state(flat: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Inverse of :func:`pack_gate_state`: ``(theta, pi, support, lagrange)``."""
+    dim = (flat.numel() - 1) // 2
+    theta, pi, lam = flat[:dim], flat[dim : 2 * dim], flat[2 * dim]
+    return theta, pi, pi > 0, lam
+
+
+class GateMessageCodec:
+    """Bit-exact wire format of an E-FLoPS message.
+
+    Stream: the index-coded positions of the support S (``write_positions``), then θ̃_S and
+    π_S as float32, then λ as float32. ``header_bits`` covers the position header and λ.
+
+    >>> import torch
+    >>> theta = torch.tensor([0.0, 1.5, 0.0, -2.0]); pi = torch.tensor([0.0, 0.9, 0.0, 0.6])
+    >>> x = pack_gate_state(theta, pi, pi > 0, 0.25)
+    >>> msg = GateMessageCodec().encode(x)
+    >>> torch.equal(msg.decode(), x), msg.num_bits - 32 * 5 > 0
+    (True, True)
+    """
+
+    name = "eflops_gates"
+
+    def encode(self, x: Tensor) -> Message:
+        flat = x.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
+        theta, pi, support, lam = unpack_gate_state(flat)
+        positions = torch.nonzero(support, as_tuple=True)[0]
+        w = BitWriter()
+        header = write_positions(w, positions, theta.numel())
+        w.write_array(theta[positions].numpy().view(np.uint32), 32)
+        w.write_array(pi[positions].numpy().view(np.uint32), 32)
+        w.write_array(lam.reshape(1).numpy().view(np.uint32), 32)
+        payload, n = w.getvalue()
+        return Message(payload=payload, num_bits=n, codec=self, shape=tuple(x.shape), header_bits=header + 32)
+
+    def decode(self, message: Message) -> Tensor:
+        total = math.prod(message.shape)
+        dim = (total - 1) // 2
+        r = BitReader(message.payload, message.num_bits)
+        positions = torch.from_numpy(read_positions(r, dim))
+        k = positions.numel()
+        theta_s = r.read_array(k, 32).astype(np.uint32).view(np.float32)
+        pi_s = r.read_array(k, 32).astype(np.uint32).view(np.float32)
+        lam = r.read_array(1, 32).astype(np.uint32).view(np.float32)
+        if r.remaining:
+            raise ValueError(f"{self.name}: {r.remaining} bits left after decoding.")
+        out = torch.zeros(total, dtype=torch.float32)
+        out[positions] = torch.from_numpy(theta_s.copy())
+        out[dim + positions] = torch.from_numpy(pi_s.copy())
+        out[-1] = float(lam[0])
+        return out.reshape(message.shape)
+
+
+def aggregate_gated_uploads(thetas: Tensor, pis: Tensor, weights: Tensor, pi_min: float) -> tuple[Tensor, Tensor]:
+    """Server rebuild of (θ̃, π̄) from K sparse uploads stacked as (K, d) rows.
+
+    θ̃_j is the weighted mean over the clients that sent j (π_kj > 0), 0 if none did;
+    π̄_j = Σ_k w_k π_kj with π_kj := ``pi_min`` where client k did not send j. ``weights``
+    sum to one.
+
+    >>> import torch
+    >>> th = torch.tensor([[2.0, 0.0], [4.0, 1.0]]); pi = torch.tensor([[0.5, 0.0], [1.0, 0.8]])
+    >>> t, p = aggregate_gated_uploads(th, pi, torch.tensor([0.25, 0.75]), pi_min=0.0)
+    >>> t.tolist(), p.tolist()
+    ([3.5, 1.0], [0.875, 0.6000000238418579])
+    """
+    sent = (pis > 0).to(thetas.dtype)
+    w = weights.to(thetas.dtype).reshape(-1, 1)
+    mass = (w * sent).sum(dim=0)
+    theta = torch.where(mass > 0, (w * sent * thetas).sum(dim=0) / mass.clamp_min(1e-12), torch.zeros_like(mass))
+    pi = (w * torch.where(sent > 0, pis, torch.full_like(pis, pi_min))).sum(dim=0)
+    return theta, pi
+
+
+class EFLoPS(SparseModelReport, FederatedModule):
+    """E-FLoPS with hard-concrete gates, a density constraint by dual ascent, and a KL term.
+
+    Args:
+        density: target density ρ (``method.density``); m = ⌊ρ |θ|⌋ coordinates are sent.
+        temperature: weight T of the KL (entropy) regulariser.
+        prior: ``"target"`` (Bernoulli(ρ)) or ``"uniform"`` (Bernoulli(1/2)).
+        density_estimator: ``"prob_nonzero"`` or ``"expected_gate"``.
+        quadrature_nodes: midpoints for ``expected_gate``.
+        lambda_lr: dual-ascent step η_λ of the Lagrange multiplier.
+        lambda_init: initial λ.
+        log_alpha_lr: learning rate of the gate parameters (second group of ``client_optimizer``).
+        log_alpha_init: initial (and off-support reset) log α; 0 means P(z ≠ 0) = 0.83.
+        log_alpha_min: lower clamp of log α.
+        log_alpha_max: upper clamp of log α.
+        selection: ``"expected_magnitude"`` or ``"test_gate"`` (top-m score).
+        off_support: ``"init"`` or ``"zero"``: θ̃ off the broadcast support.
+        constraint: ``"inequality"`` (D ≤ ρ, λ ≥ 0, the FLoPS max over λ ≥ 0) or
+            ``"equality"`` (D = ρ, λ free in sign, so a density below ρ is pushed back up).
+        **kwargs: the :class:`FederatedModule` arguments (model, datamodule, seed, optimisers, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        density: float,
+        temperature: float = 1e-3,
+        prior: Literal["target", "uniform"] = "target",
+        density_estimator: Literal["prob_nonzero", "expected_gate"] = "prob_nonzero",
+        quadrature_nodes: int = 32,
+        lambda_lr: float = 0.1,
+        lambda_init: float = 0.0,
+        log_alpha_lr: float = 0.05,
+        log_alpha_init: float = 0.0,
+        log_alpha_min: float = -10.0,
+        log_alpha_max: float = 10.0,
+        selection: Literal["expected_magnitude", "test_gate"] = "expected_magnitude",
+        off_support: Literal["init", "zero"] = "init",
+        constraint: Literal["inequality", "equality"] = "inequality",
+        **kwargs: Any,
+    ) -> None:
+        model: nn.Module = kwargs["model"]
+        dim = num_parameters(model)
+        try:
+            m = num_kept(density, dim)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        choices = {
+            "prior": (prior, ("target", "uniform")),
+            "density_estimator": (density_estimator, ("prob_nonzero", "expected_gate")),
+            "selection": (selection, ("expected_magnitude", "test_gate")),
+            "off_support": (off_support, ("init", "zero")),
+            "constraint": (constraint, ("inequality", "equality")),
+        }
+        for key, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise ConfigError(f"method.{key}={value!r} is unknown; choose one of {', '.join(allowed)}.")
+        if temperature < 0 or lambda_lr < 0 or lambda_init < 0:
+            raise ConfigError("method.temperature, method.lambda_lr and method.lambda_init must be >= 0.")
+        if quadrature_nodes < 1:
+            raise ConfigError(f"method.quadrature_nodes must be at least 1 (got {quadrature_nodes}).")
+        try:
+            self.hc = HardConcrete(log_alpha_min=log_alpha_min, log_alpha_max=log_alpha_max)
+        except ValueError as exc:
+            raise ConfigError(f"method.log_alpha_min/max: {exc}") from None
+        super().__init__(**kwargs)
+        self.rho = float(density)
+        self.m = m
+        self.dim = dim
+        self.temperature = float(temperature)
+        self.prior = prior
+        self.density_estimator = density_estimator
+        self.quadrature_nodes = int(quadrature_nodes)
+        self.lambda_lr = float(lambda_lr)
+        self.log_alpha_lr = float(log_alpha_lr)
+        self.log_alpha_init = float(min(max(log_alpha_init, log_alpha_min), log_alpha_max))
+        self.selection = selection
+        self.off_support = off_support
+        self.constraint = constraint
+        self.uplink_codec = GateMessageCodec()
+        self.downlink_codec = GateMessageCodec()
+        self.pi_min = float(self.hc.prob_nonzero(torch.tensor(float(log_alpha_min))))
+        # θ̃⁰ is derived from the shared run seed (the model was built from it): free for both sides.
+        self.register_buffer("theta_init", flat_parameters(model).clone(), persistent=False)
+        noise = torch.randn(dim, generator=self.generator(0, SERVER, "log_alpha_init")) * 0.01  # Louizos: N(·, 0.01²)
+        self.log_alpha = nn.Parameter(self.hc.clamp_(torch.full((dim,), self.log_alpha_init) + noise))
+        self.lagrange = nn.Parameter(torch.tensor([float(lambda_init)]))
+        self._eval_cache: tuple[int, Tensor] | None = None
+
+    @property
+    def dense_message_bits(self) -> int:
+        """Reference for compression factors: one dense float32 copy of the network θ."""
+        return 32 * self.dim
+
+    # ------------------------------------------------------------------ gate maths
+    def density_estimate(self, log_alpha: Tensor) -> Tensor:
+        """D(φ): the differentiable estimate of the expected fraction of open gates."""
+        if self.density_estimator == "expected_gate":
+            return self.hc.expected_gate(log_alpha, nodes=self.quadrature_nodes).mean()
+        return self.hc.prob_nonzero(log_alpha).mean()
+
+    def kl_term(self, log_alpha: Tensor) -> Tensor:
+        """(1/|θ|) Σ_j KL(Bernoulli(P(z_j ≠ 0)) ‖ prior)."""
+        p = self.rho if self.prior == "target" else 0.5
+        return bernoulli_kl(self.hc.prob_nonzero(log_alpha), p).mean()
+
+    def selection_scores(self, theta: Tensor, log_alpha: Tensor) -> Tensor:
+        """Score of each coordinate for the top-m support."""
+        if self.selection == "test_gate":
+            return (theta * self.hc.test_gate(log_alpha)).abs()
+        return theta.abs() * self.hc.prob_nonzero(log_alpha)
+
+    def _message(self, theta: Tensor, log_alpha: Tensor, lagrange: Tensor) -> Tensor:
+        support = top_m_mask(self.selection_scores(theta, log_alpha), self.m)
+        return pack_gate_state(theta, self.hc.prob_nonzero(log_alpha), support, lagrange)
+
+    # ------------------------------------------------------------------ federated hooks
+    def server_parameters(self) -> list[nn.Parameter]:
+        return [*self.model.parameters(), self.log_alpha, self.lagrange]
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        optimizer = super().configure_optimizers()
+        ok = type(optimizer) is torch.optim.SGD and all(
+            g["lr"] == 1.0 and g.get("momentum", 0) == 0 and g.get("weight_decay", 0) == 0
+            for g in optimizer.param_groups
+        )
+        if not ok:
+            raise ConfigError(
+                "E-FLoPS rebuilds the global model from the uploads, so method.server_optimizer must be "
+                "torch.optim.SGD with lr=1.0, no momentum and no weight decay."
+            )
+        return optimizer
+
+    def broadcast_state(self, round_idx: int) -> Tensor:
+        return self._message(flat_parameters(self.model), self.log_alpha.detach(), self.lagrange.detach())
+
+    def _rebuild_client(self, received: Tensor) -> tuple[Tensor, Tensor, float]:
+        theta_s, pi, support, lam = unpack_gate_state(received)
+        off = self.theta_init.to(received.device) if self.off_support == "init" else torch.zeros_like(theta_s)
+        theta = torch.where(support, theta_s, off)
+        log_alpha = torch.full_like(pi, self.log_alpha_init)
+        if support.any():
+            log_alpha[support] = self.hc.log_alpha_from_prob_nonzero(pi[support])
+        return theta, log_alpha, float(lam)
+
+    def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
+        model = self.client_model
+        theta, log_alpha0, lam = self._rebuild_client(received)
+        assign_flat_(model, theta)
+        model.train()
+        log_alpha = log_alpha0.clone().requires_grad_(True)
+        optimizer = self.client_optimizer(
+            [{"params": list(model.parameters())}, {"params": [log_alpha], "lr": self.log_alpha_lr}]  # type: ignore[arg-type]
+        )
+        names = [n for n, _ in model.named_parameters()]
+        params = list(model.parameters())
+        sizes = [p.numel() for p in params]
+        x, y = self.client_data(client_id)
+        gate_gen = self.generator(round_idx, client_id, "gates")
+        augment_gen = self.generator(round_idx, client_id, "augment")
+        loss_sum = torch.zeros((), device=self.device)
+        steps = 0
+        dens_value = float("nan")
+        for idx in self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)):
+            optimizer.zero_grad(set_to_none=True)
+            u = uniform_noise((self.dim,), gate_gen).to(log_alpha.device)
+            z = self.hc.sample(log_alpha, u)
+            gated = {n: p * zj.view_as(p) for n, p, zj in zip(names, params, torch.split(z, sizes), strict=True)}
+            out = functional_call(model, gated, (self.datamodule.augment(x[idx], augment_gen),))
+            data_loss = self.loss_fn(out, y[idx])
+            dens = self.density_estimate(log_alpha)
+            loss = data_loss + lam * (dens - self.rho)
+            if self.temperature > 0:
+                loss = loss + self.temperature * self.kl_term(log_alpha)
+            loss.backward()
+            if self.max_grad_norm is not None:
+                nn.utils.clip_grad_norm_([*params, log_alpha], self.max_grad_norm)
+            optimizer.step()
+            self.hc.clamp_(log_alpha)
+            dens_value = float(dens.detach())
+            lam = lam + self.lambda_lr * (dens_value - self.rho)  # dual ascent
+            if self.constraint == "inequality":
+                lam = max(0.0, lam)  # D <= rho: lambda >= 0
+            loss_sum += data_loss.detach()
+            steps += 1
+        upload = self._message(flat_parameters(model), log_alpha.detach(), torch.tensor(lam))
+        return ClientResult(
+            upload=upload, num_samples=len(y), loss=loss_sum / max(steps, 1), metrics={"density_estimate": dens_value}
+        )
+
+    def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
+        from fedlightning.federated.aggregation import normalised_weights
+
+        weights = normalised_weights(torch.tensor([u.num_samples for u in uploads])).to(self.device)
+        stacked = torch.stack([u.update for u in uploads])
+        d = self.dim
+        theta, pi = aggregate_gated_uploads(stacked[:, :d], stacked[:, d : 2 * d], weights, self.pi_min)
+        log_alpha = self.hc.log_alpha_from_prob_nonzero(pi.clamp(self.pi_min, 1.0 - 1e-7))
+        lagrange = (weights * stacked[:, -1]).sum().reshape(1)
+        current = torch.cat([flat_parameters(self.model), self.log_alpha.detach(), self.lagrange.detach()])
+        return current - torch.cat([theta, log_alpha, lagrange])  # SGD(lr=1) lands on the rebuilt state
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.log("eflops/lambda", self.lagrange.detach().squeeze(), on_step=True, on_epoch=False)
+        self.log(
+            "eflops/mean_prob_nonzero",
+            self.hc.prob_nonzero(self.log_alpha.detach()).mean(),
+            on_step=True,
+            on_epoch=False,
+        )
+        self._eval_cache = None
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluated_parameters(self) -> Tensor:
+        """θ = θ̃_S ⊙ ẑ_S on the global top-m support S, zeros elsewhere."""
+        step = int(self.global_step)
+        if self._eval_cache is None or self._eval_cache[0] != step:
+            theta = flat_parameters(self.model)
+            log_alpha = self.log_alpha.detach()
+            support = top_m_mask(self.selection_scores(theta, log_alpha), self.m)
+            self._eval_cache = (step, theta * self.hc.test_gate(log_alpha) * support)
+        return self._eval_cache[1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return functional_call(self.model, unflatten(self.model, self.evaluated_parameters()), (x,))
+
+    def on_test_epoch_end(self) -> None:
+        super().on_test_epoch_end()
+        self.report_sparse_model()
