@@ -210,6 +210,16 @@ class FederatedModule(L.LightningModule):
         """Local training on one client from the broadcast it decoded; uploads the model delta."""
         model = self.client_model
         assign_flat_(model, received)
+        loss, num_samples = self.local_train(client_id=client_id, round_idx=round_idx, model=model)
+        return ClientResult(upload=flat_parameters(model) - received, num_samples=num_samples, loss=loss)
+
+    def local_train(self, *, client_id: int, round_idx: int, model: nn.Module) -> tuple[Tensor, int]:
+        """Local SGD on one client's data, in place on ``model``; returns (mean loss, samples).
+
+        Runs ``local_epochs`` (or ``local_steps``) of :meth:`local_loss` with a fresh
+        ``client_optimizer``, batches and augmentation from the client's own streams, and
+        :meth:`on_local_step_end` after every step.
+        """
         model.train()
         optimizer = self.client_optimizer(model.parameters())
         x, y = self.client_data(client_id)
@@ -223,9 +233,13 @@ class FederatedModule(L.LightningModule):
             if self.max_grad_norm is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
             optimizer.step()
+            self.on_local_step_end(model)
             loss_sum += loss.detach()
             steps += 1
-        return ClientResult(upload=flat_parameters(model) - received, num_samples=len(y), loss=loss_sum / max(steps, 1))
+        return loss_sum / max(steps, 1), len(y)
+
+    def on_local_step_end(self, model: nn.Module) -> None:
+        """Called after each local optimiser step (e.g. a projection such as hard thresholding)."""
 
     def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
         """Pseudo-gradient for the server optimiser: −(sample-weighted mean of client deltas)."""
