@@ -1,0 +1,189 @@
+"""Distributed SGD with compressed gradients (thesis Algorithm 1/4/5/6) on the round engine.
+
+One round is one iteration: each client computes a gradient of its local objective
+``f_i(x) = mean loss + (l2/2)‖x‖²`` at the broadcast ``x`` (the full local gradient, or a
+mini-batch one with ``full_gradient=false``) and uploads the step ``−η g_i`` as a model
+delta. The uplink compression callback (``compressor=<name>``) compresses it: without error
+feedback this is DCSGD (Algorithm 5, ``C(η g) = η C(g)`` for the positively homogeneous
+operators), with ``compressor.error_feedback=true`` it is exactly Algorithm 4/6
+(``C(e_i + η g_i)``). The server averages the decoded steps uniformly (``f = (1/n) Σ f_i``) and
+applies them (server SGD with lr 1); ``downlink=<name>`` adds master compression (Algorithm 1).
+
+Step size ``lr="auto"`` reads the operator's metadata (:func:`uplink_compressor`):
+
+* unbiased, no EF: ``η = 1/(2 δ_n L)``, ``δ_n = ω/n + 1`` (Theorem 5.4.5);
+* error feedback (any operator): ``η = 1/(14 (2δ + B) L)`` with ``B = 0`` for full
+  gradients and ``B = 1`` otherwise (Theorem 4.7.5 (ii));
+* biased without EF: ``η = 1/(δ L)`` (the single-node B³ rule, Theorem 4.5.3; distributed it
+  may diverge, Example 4.7.1).
+
+``L`` is ``smoothness`` if given, else for linear models the logistic bound
+``½ max_i λ_max(A_iᵀA_i/m_i) + l2`` (bias column included) computed from the client data.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fedlightning.errors import ConfigError
+from fedlightning.federated.cohort import Cohort
+from fedlightning.federated.module import ClientResult, ClientUpload, FederatedModule
+from fedlightning.federated.params import assign_flat_
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DCSGD", "GradientMethod"]
+
+
+class GradientMethod(FederatedModule):
+    """Shared machinery of one-gradient-per-round methods (DCSGD, DIANA, VR-DIANA).
+
+    Args:
+        lr: step size, or ``"auto"`` (see the method's rule).
+        l2: ℓ2 regularisation ``(l2/2)‖x‖²`` inside every ``f_ij`` (makes logistic regression
+            strongly convex with μ = l2).
+        smoothness: ``L``; ``None`` derives it for linear models.
+        full_gradient: use the full local gradient instead of a mini-batch of ``batch_size``.
+        log_objective: log ``opt/objective`` (the full objective over all clients) each round.
+    """
+
+    def __init__(
+        self,
+        *,
+        lr: float | str = "auto",
+        l2: float = 0.0,
+        smoothness: float | None = None,
+        full_gradient: bool = True,
+        log_objective: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("server_optimizer", lambda params: torch.optim.SGD(params, lr=1.0))
+        super().__init__(**kwargs)
+        if isinstance(lr, str) and lr != "auto":
+            raise ConfigError(f"method.lr must be a number or 'auto' (got {lr!r}).")
+        if l2 < 0:
+            raise ConfigError(f"method.l2 must be non-negative (got {l2}).")
+        self.lr_setting = lr
+        self.lr = float(lr) if not isinstance(lr, str) else float("nan")
+        self.l2 = float(l2)
+        self.smoothness_setting = smoothness
+        self.full_gradient = bool(full_gradient)
+        self.log_objective = bool(log_objective)
+        self.objective_history: list[float] = []
+
+    # ------------------------------------------------------------------ objective pieces
+    def local_loss(self, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        loss = self.loss_fn(model(x), y)
+        if self.l2:
+            loss = loss + 0.5 * self.l2 * sum((p * p).sum() for p in model.parameters())
+        return loss
+
+    def flat_gradient(self, x_flat: Tensor, features: Tensor, targets: Tensor) -> Tensor:
+        """∇ of the local loss (mean over the given samples) at flat parameters ``x_flat``."""
+        model = self.client_model
+        assign_flat_(model, x_flat)
+        params = list(model.parameters())
+        loss = self.local_loss(model, features, targets)
+        grads = torch.autograd.grad(loss, params)
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    def sample_batch(self, client_id: int, round_idx: int, m: int) -> Tensor:
+        """Indices of one mini-batch of ``batch_size`` samples (with replacement)."""
+        gen = self.generator(round_idx, client_id, "batches")
+        return torch.randint(m, (min(self.batch_size, m),), generator=gen).to(self.device)
+
+    def objective(self) -> float:
+        """``(1/n) Σ_i f_i(x)`` at the global model."""
+        total = 0.0
+        with torch.no_grad():
+            for cid in range(self.num_clients):
+                x, y = self.client_data(cid)
+                total += float(self.local_loss(self.model, x, y))
+        return total / self.num_clients
+
+    def smoothness(self) -> float:
+        """``L`` of the local objectives (``smoothness`` or the logistic bound for linear models)."""
+        if self.smoothness_setting is not None:
+            return float(self.smoothness_setting)
+        linear = [m for m in self.model.modules() if isinstance(m, nn.Linear)]
+        if len(linear) != 1 or sum(1 for p in self.model.parameters()) > 2:
+            raise ConfigError("method.lr=auto needs method.smoothness for non-linear models.")
+        best = 0.0
+        for cid in range(self.num_clients):
+            x, _ = self.client_data(cid)
+            a = torch.cat(
+                [x.reshape(len(x), -1).double(), torch.ones(len(x), 1, dtype=torch.float64, device=x.device)], 1
+            )
+            best = max(best, float(torch.linalg.eigvalsh(a.T @ a / len(a))[-1]))
+        return 0.5 * best + self.l2
+
+    def sample_smoothness(self) -> float:
+        """``max_j L_ij`` of single-sample losses (logistic bound), for the VR variants."""
+        if self.smoothness_setting is not None:
+            return float(self.smoothness_setting)
+        best = 0.0
+        for cid in range(self.num_clients):
+            x, _ = self.client_data(cid)
+            best = max(best, float((x.reshape(len(x), -1).double() ** 2).sum(1).max()) + 1.0)
+        return 0.5 * best + self.l2
+
+    def compression_metadata(self) -> dict[str, Any]:
+        """ω, δ, unbiasedness and error feedback of the uplink operator."""
+        from fedlightning.callbacks.compression import UplinkCompression, uplink_compressor
+
+        op, d = uplink_compressor(self)
+        callbacks = self.trainer.callbacks  # type: ignore[attr-defined]
+        ef = any(isinstance(cb, UplinkCompression) and cb.error_feedback for cb in callbacks)
+        return {
+            "unbiased": op.unbiased,
+            "omega": op.omega(d),
+            "delta": op.delta(d),
+            "error_feedback": ef,
+            "name": op.name,
+        }
+
+    def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
+        """Uniform mean of the decoded uploads, negated (``f = (1/n) Σ f_i``)."""
+        return -torch.stack([u.update for u in uploads]).mean(0)
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        super().training_step(batch, batch_idx)
+        if self.log_objective:
+            value = self.objective()
+            self.objective_history.append(value)
+            self.log("opt/objective", value, on_step=True, on_epoch=False)
+
+
+class DCSGD(GradientMethod):
+    """Distributed (compressed) SGD; see the module docstring for the step-size rules."""
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        if self.lr_setting != "auto":
+            return
+        meta = self.compression_metadata()
+        L = self.smoothness()
+        n = self.num_clients
+        if meta["error_feedback"]:
+            b = 0.0 if self.full_gradient else 1.0
+            self.lr = 1.0 / (14 * (2 * meta["delta"] + b) * L)
+        elif meta["unbiased"]:
+            delta_n = meta["omega"] / n + 1
+            self.lr = 1.0 / (2 * delta_n * L)
+        else:
+            self.lr = 1.0 / (meta["delta"] * L)
+        log.info("DCSGD step size %.4g from %s and L = %.4g", self.lr, meta, L)
+
+    def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
+        x, y = self.client_data(client_id)
+        if not self.full_gradient:
+            idx = self.sample_batch(client_id, round_idx, len(y))
+            x, y = x[idx], y[idx]
+        g = self.flat_gradient(received, x, y)
+        with torch.no_grad():
+            loss = self.local_loss(self.client_model, x, y)
+        return ClientResult(upload=-self.lr * g, num_samples=len(y), loss=loss.detach())
