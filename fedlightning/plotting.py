@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 Curve = list[tuple[float, float]]
 
@@ -39,32 +39,44 @@ def plot_curves(curves: dict[str, Curve], path: str | Path, *, title: str = "", 
     return path
 
 
-def _run_label(run_dir: Path) -> str:
+def _run_overrides(run_dir: Path) -> list[str] | None:
     summary_path = run_dir / "summary.json"
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        overrides = summary.get("overrides") or []
-        if overrides:
-            return " ".join(overrides)
-        return f"{summary.get('method', '?')} on {summary.get('data', '?')}"
-    return run_dir.name
+    if not summary_path.exists():
+        return None
+    summary = json.loads(summary_path.read_text())
+    return list(summary.get("overrides") or []) or [f"{summary.get('method', '?')} on {summary.get('data', '?')}"]
+
+
+def sweep_labels(overrides: list[list[str] | None], names: list[str]) -> list[str]:
+    """Label each run by the overrides that differ across the runs (a sweep's own axes).
+
+    >>> sweep_labels([["seed=0", "rounds=5"], ["seed=1", "rounds=5"]], ["0", "1"])
+    ['seed=0', 'seed=1']
+    """
+    known = [set(o) for o in overrides if o is not None]
+    common = set.intersection(*known) if len(known) > 1 else set()
+    labels = []
+    for over, name in zip(overrides, names, strict=True):
+        kept = [o for o in over or [] if o not in common]
+        labels.append(" ".join(kept) if kept else name)
+    return labels
 
 
 def collect_curves(dirs: Sequence[str | Path]) -> dict[str, Curve]:
     """Every run folder (one holding ``bits_vs_accuracy.csv``) under the given folders."""
+    paths = [p for top in dirs for p in sorted(Path(top).rglob("bits_vs_accuracy.csv"))]
+    labels = sweep_labels([_run_overrides(p.parent) for p in paths], [p.parent.name for p in paths])
     curves: dict[str, Curve] = {}
-    for top in dirs:
-        for csv_path in sorted(Path(top).rglob("bits_vs_accuracy.csv")):
-            with csv_path.open() as handle:
-                rows = list(csv.DictReader(handle))
-            score = next((k for k in ("val/acc", "val/r2") if rows and k in rows[0]), "val/acc")
-            points = [
-                (float(r["comm/uplink_bits_total"]), float(r[score])) for r in rows if r.get("comm/uplink_bits_total")
-            ]
-            label = _run_label(csv_path.parent)
-            while label in curves:
-                label += "'"
-            curves[label] = points
+    for csv_path, label in zip(paths, labels, strict=True):
+        with csv_path.open() as handle:
+            rows = list(csv.DictReader(handle))
+        score = next((k for k in ("val/acc", "val/r2") if rows and k in rows[0]), "val/acc")
+        points = [
+            (float(r["comm/uplink_bits_total"]), float(r[score])) for r in rows if r.get("comm/uplink_bits_total")
+        ]
+        while label in curves:
+            label += "'"
+        curves[label] = points
     return curves
 
 
