@@ -36,15 +36,22 @@ from fedlightning.models.zampling import ZampledNetwork, ZampledWeights, row_fan
 from fedlightning.sampling import FullParticipation
 
 
-def _median_ms(fn: Any, repeats: int) -> float:
+def _interleaved_median_ms(fns: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Median ms of each function, timed in turn within every repetition.
+
+    Interleaving makes the ratios robust to the load drifting on a shared machine (each
+    repetition sees about the same contention for every function).
+    """
     for _ in range(5):
-        fn()
-    times = []
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
 def step_benchmark(repeats: int) -> dict[str, float]:
@@ -59,7 +66,8 @@ def step_benchmark(repeats: int) -> dict[str, float]:
         torch.nn.functional.cross_entropy(model(x), y).backward()
         sgd.step()
 
-    results = {"plain_ms": _median_ms(plain, repeats)}
+    fns: dict[str, Any] = {"plain_ms": plain}
+    all_weights: dict[str, ZampledWeights] = {}
     q = zampling_q(row_fan_in(model), n=266_610 // 32, d=10, seed=0)
     net = ZampledNetwork(model)
     for label, frozen_share in (("zampling_fresh_ms", 0.0), ("zampling_polarised_ms", 0.8)):
@@ -85,7 +93,10 @@ def step_benchmark(repeats: int) -> dict[str, float]:
             loss.backward()
             adam.step()
 
-        results[label] = _median_ms(step, repeats)
+        fns[label] = step
+        all_weights[label] = weights
+    results = _interleaved_median_ms(fns, repeats)
+    for label, weights in all_weights.items():
         results[label.replace("_ms", "_incremental_share")] = weights.stats["incremental"] / max(
             1, weights.stats["incremental"] + weights.stats["full"]
         )
@@ -155,6 +166,8 @@ def main() -> None:
             f"zampling step ({kind:9s}) m/n=32 d=10: {ms:.2f} ms  ratio {ms / steps['plain_ms']:.2f}x"
             f"  (incremental Q·z on {100 * share:.0f}% of steps)"
         )
+    if args.rounds < 1:  # --rounds 0: the step benchmark only
+        return
     rounds = round_benchmark(args.data_root, args.rounds)
     base = statistics.median(rounds["fedavg_b32"])
     print(f"FedAvg round (batch 32): median {base:.2f} s  all {[round(t, 2) for t in rounds['fedavg_b32']]}")

@@ -10,9 +10,14 @@ import torch
 
 from fedlightning.errors import ConfigError
 from fedlightning.methods.zampling import (
+    accuracy_deviation,
     frozen_fraction,
+    hypercube_indicator,
     mean_of_bits,
+    perturb_in_hypercube,
+    perturbation_support,
     probability_from_score,
+    relative_sensitivity,
     score_from_probability,
     trainable_size,
 )
@@ -272,3 +277,67 @@ def test_bad_configs_name_the_key(make_config, tmp_path: Path) -> None:
             make_config([*DIGITS, "rounds=1", "method.upload=probabilities", "method.uplink=arithmetic"]),
             tmp_path / "c",
         )
+
+
+# ---------------------------------------------------------------------------------- sensitivity
+def test_hypercube_support_by_hand() -> None:
+    p = torch.tensor([0.0, 0.005, 0.01, 0.3, 0.5, 0.85, 0.99, 1.0])
+    assert hypercube_indicator(p, 0.01).tolist() == [False, False, True, True, True, True, True, False]
+    assert hypercube_indicator(p, 0.2).tolist() == [False, False, False, True, True, False, False, False]
+    assert hypercube_indicator(p, 0.5).tolist() == [False, False, False, False, True, False, False, False]
+    assert perturbation_support(p, 0.2, "complement").tolist() == [True, True, True, False, False, True, True, True]
+    with pytest.raises(ConfigError, match="sensitivity_taus"):
+        hypercube_indicator(p, 0.6)
+    with pytest.raises(ConfigError, match="sensitivity_region"):
+        perturbation_support(p, 0.1, "everywhere")  # type: ignore[arg-type]
+
+
+def test_perturbation_moves_only_the_support_and_stays_in_the_unit_cube() -> None:
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.0, 1.0, 0.05, 0.5, 0.7] * 2000)
+    perturbed, eps = perturb_in_hypercube(p, 0.1, gen)
+    support = hypercube_indicator(p, 0.1)
+    assert torch.all(eps[~support] == 0) and torch.equal(perturbed[~support], p[~support])
+    assert torch.equal(perturbed, (p + eps).clamp(0, 1))
+    assert float(perturbed.min()) >= 0.0 and float(perturbed.max()) <= 1.0
+    # eps ~ N(0, 1) on the 4,000 free coordinates: mean 0 ± 4/sqrt(4000), std 1 ± 0.05
+    free_eps = eps[support]
+    assert free_eps.numel() == 4000
+    assert abs(float(free_eps.mean())) < 4 / 4000**0.5
+    assert abs(float(free_eps.std()) - 1.0) < 0.05
+    again, _ = perturb_in_hypercube(p, 0.1, torch.Generator().manual_seed(0))
+    assert torch.equal(again, perturbed)  # seeded
+
+
+def test_sensitivity_and_deviation_by_hand() -> None:
+    assert relative_sensitivity(0.8, 0.8) == 0.0
+    assert relative_sensitivity(0.5, 0.25) == 0.5
+    assert relative_sensitivity(0.5, 0.75) == -0.5  # an improvement is a negative drop
+    assert accuracy_deviation(0.5, 0.25, 5.0) == 5.0  # 25 percentage points / norm 5
+    assert accuracy_deviation(0.5, 0.25, 0.0) == 0.0  # nothing perturbed
+
+
+def test_sensitivity_study_logs_a_row_per_tau(make_config, tmp_path: Path) -> None:
+    cfg = make_config(
+        [
+            "method=local_zampling",
+            "data.num_clients=1",
+            "rounds=1",
+            "method.local_steps=3",
+            "method.compression=4",
+            "method.d=2",
+            "method.val_samples=1",
+            "method.test_samples=2",
+            "method.sensitivity_taus=[0.0,0.5]",
+            "method.sensitivity_perturbations=2",
+            "method.sensitivity_samples=2",
+        ]
+    )
+    s = run(cfg, tmp_path)
+    assert s["test/sensitivity/reference_acc_expected"] == pytest.approx(s["test/acc"])
+    assert s["test/sensitivity/0/perturbed_fraction"] == 1.0  # tau = 0: every p in [0, 1] moves
+    assert s["test/sensitivity/0/eps_norm"] > 0
+    # tau = 0.5 under the stated rule moves only p == 0.5 exactly: nothing, so no change
+    assert s["test/sensitivity/0.5/perturbed_fraction"] == 0.0
+    assert s["test/sensitivity/0.5/acc_expected"] == pytest.approx(s["test/acc"])
+    assert s["test/sensitivity/0.5/sensitivity_expected"] == 0.0

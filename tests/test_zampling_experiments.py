@@ -19,6 +19,7 @@ QUICK = [
     "zampling_supermask_baseline_quick",
     "zampling_init_quick",
     "zampling_fedpm_quick",
+    "zampling_sensitivity_quick",
 ]
 
 
@@ -44,6 +45,10 @@ def test_quick_experiment_runs(name: str, make_config, shared_data_root: Path, t
     ):
         assert key in summary, key
     assert summary["comm/uplink_compression"] >= 1.0
+    if name == "zampling_sensitivity_quick":
+        for tau in ("0.01", "0.1", "0.2", "0.5"):
+            for key in ("acc_expected", "acc_sampled", "sensitivity_sampled", "deviation_expected", "eps_norm"):
+                assert f"test/sensitivity/{tau}/{key}" in summary, (tau, key)
 
 
 def _federated(make_config, root: Path, tmp_path: Path, compression: int, extra: list[str] | None = None) -> dict:

@@ -38,7 +38,7 @@ arXiv 2209.15328).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -58,9 +58,14 @@ from fedlightning.models.zampling import SparseQ, ZampledNetwork, ZampledWeights
 
 __all__ = [
     "Zampling",
+    "accuracy_deviation",
     "frozen_fraction",
+    "hypercube_indicator",
     "mean_of_bits",
+    "perturb_in_hypercube",
+    "perturbation_support",
     "probability_from_score",
+    "relative_sensitivity",
     "score_from_probability",
     "trainable_size",
 ]
@@ -129,6 +134,76 @@ def frozen_fraction(p: Tensor) -> float:
     return float(((p <= 0) | (p >= 1)).float().mean()) if p.numel() else 0.0
 
 
+def hypercube_indicator(p: Tensor, tau: float) -> Tensor:
+    """𝕀(p)_j = 1{τ ≤ p_j ≤ 1 − τ}: the free directions of the τ-hypercube C_τ (paper, Def. τ-Hypercube).
+
+    >>> hypercube_indicator(torch.tensor([0.0, 0.05, 0.5, 0.95, 1.0]), 0.1).tolist()
+    [False, False, True, False, False]
+    """
+    if not 0.0 <= tau <= 0.5:
+        raise ConfigError(f"method.sensitivity_taus must lie in [0, 0.5] (got {tau}).")
+    return (p >= tau) & (p <= 1.0 - tau)
+
+
+def perturbation_support(p: Tensor, tau: float, region: Literal["hypercube", "complement"]) -> Tensor:
+    """Which coordinates the sensitivity study perturbs.
+
+    ``hypercube``: 𝕀(p), the paper's stated rule τ ≤ p_j ≤ 1 − τ (C_τ's free directions).
+    ``complement``: p_j < τ or p_j > 1 − τ. The paper's text also says that τ = 0.5 perturbs
+    "all values p_j", which only this reading gives; both are offered, the stated rule is
+    the default.
+
+    >>> perturbation_support(torch.tensor([0.0, 0.3, 0.5, 1.0]), 0.5, "complement").tolist()
+    [True, True, False, True]
+    """
+    inside = hypercube_indicator(p, tau)
+    if region == "hypercube":
+        return inside
+    if region == "complement":
+        return ~inside
+    raise ConfigError(f"method.sensitivity_region={region!r} is not supported; choose hypercube or complement.")
+
+
+def perturb_in_hypercube(
+    p: Tensor, tau: float, generator: torch.Generator, region: Literal["hypercube", "complement"] = "hypercube"
+) -> tuple[Tensor, Tensor]:
+    """The paper's sensitivity perturbation: (clip(p + ε_τ, 0, 1), ε_τ), ε_τ,j ~ N(0, 1) on the support.
+
+    Only the coordinates of :func:`perturbation_support` move (by default τ ≤ p_j ≤ 1 − τ);
+    the result is clipped back into [0, 1] so it stays a valid Bernoulli parameter (the
+    paper does not say how it handles values leaving [0, 1]; clipping is our decision).
+
+    >>> gen = torch.Generator().manual_seed(0)
+    >>> q, eps = perturb_in_hypercube(torch.tensor([0.0, 1.0, 0.5]), 0.01, gen)
+    >>> q[:2].tolist(), eps[:2].tolist()
+    ([0.0, 1.0], [0.0, 0.0])
+    """
+    support = perturbation_support(p, tau, region)
+    eps = torch.where(support, torch.randn(p.shape, generator=generator, dtype=p.dtype), torch.zeros_like(p))
+    return (p + eps).clamp(0.0, 1.0), eps
+
+
+def relative_sensitivity(reference: float, perturbed: float) -> float:
+    """The paper's "sensitivity": (reference − perturbed) / reference (relative accuracy drop).
+
+    >>> relative_sensitivity(1.0, 0.75)
+    0.25
+    """
+    return (reference - perturbed) / reference if reference > 0 else float("nan")
+
+
+def accuracy_deviation(reference: float, perturbed: float, eps_norm: float) -> float:
+    """The paper's "deviation": accuracy drop in percentage points per unit ‖ε_τ‖₂.
+
+    The paper's table is consistent with accuracies in percent (its regular-training row
+    gives ‖ε_τ‖ ≈ 130 ≈ √n for the small architecture at m/n = 1), so the drop is × 100.
+
+    >>> accuracy_deviation(0.75, 0.5, 5.0)
+    5.0
+    """
+    return 100.0 * (reference - perturbed) / eps_norm if eps_norm > 0 else 0.0
+
+
 class _RecordingCodec:
     """Delegates to ``inner`` and records every encoded message's bit count in ``sink``."""
 
@@ -168,6 +243,12 @@ class Zampling(FederatedModule):
         uplink: ``bitpack`` (n bits) or ``arithmetic`` (range-coded with the broadcast p).
         downlink: ``float32`` (paper) or ``lattice`` (lossless ⌈log2(K+1)⌉ bits per coordinate).
         val_samples: sampled networks per validation; test_samples: per test.
+        sensitivity_taus: at test time, the parameter-sensitivity study of the paper
+            (§"Generalisation Properties via Parameter Sensitivity"): for each τ, perturb p
+            ``sensitivity_perturbations`` times inside C_τ (:func:`perturb_in_hypercube`) and
+            log the expected network's and the mean of ``sensitivity_samples`` sampled networks'
+            accuracy, sensitivity and deviation as ``test/sensitivity/<τ>/...``. Empty: off.
+            ``sensitivity_region`` picks the perturbed coordinates (:func:`perturbation_support`).
         client_optimizer: factory over the scores (default Adam, lr 0.1 as in the paper's
             federated runs).
         **kwargs: the remaining :class:`FederatedModule` arguments.
@@ -194,6 +275,10 @@ class Zampling(FederatedModule):
         downlink: Literal["float32", "lattice"] = "float32",
         val_samples: int = 20,
         test_samples: int = 100,
+        sensitivity_taus: Sequence[float] = (),
+        sensitivity_perturbations: int = 10,
+        sensitivity_samples: int = 10,
+        sensitivity_region: Literal["hypercube", "complement"] = "hypercube",
         client_optimizer: OptimizerFactory | None = None,
         **kwargs: Any,
     ) -> None:
@@ -219,6 +304,10 @@ class Zampling(FederatedModule):
             raise ConfigError("method.val_samples and method.test_samples must be at least 1.")
         if p_init_beta <= 0:
             raise ConfigError(f"method.p_init_beta must be positive (got {p_init_beta}).")
+        for tau in sensitivity_taus:
+            perturbation_support(torch.zeros(1), float(tau), sensitivity_region)  # validates τ and region
+        if sensitivity_perturbations < 1 or sensitivity_samples < 1:
+            raise ConfigError("method.sensitivity_perturbations and method.sensitivity_samples must be at least 1.")
         self.m = num_parameters(model)
         self.n = trainable_size(m=self.m, compression=compression, n=n)
         self.d = int(d)
@@ -232,6 +321,10 @@ class Zampling(FederatedModule):
         self.downlink = downlink
         self.val_samples = int(val_samples)
         self.test_samples = int(test_samples)
+        self.sensitivity_taus = tuple(float(t) for t in sensitivity_taus)
+        self.sensitivity_perturbations = int(sensitivity_perturbations)
+        self.sensitivity_samples = int(sensitivity_samples)
+        self.sensitivity_region: Literal["hypercube", "complement"] = sensitivity_region
         self.q: SparseQ = self.build_q(model)
         if self.q.shape != (self.m, self.n):
             raise ConfigError(f"Q has shape {self.q.shape} but the model needs ({self.m}, {self.n}).")
@@ -456,7 +549,54 @@ class Zampling(FederatedModule):
     @override
     def on_test_epoch_end(self) -> None:
         super().on_test_epoch_end()
+        if self.sensitivity_taus and self.task == "classification" and self._eval_batches:
+            for name, value in self.sensitivity_metrics().items():
+                self.log(name, value)
         self._log_sampled("test", self.test_samples)
+
+    @torch.no_grad()
+    def sensitivity_metrics(self) -> dict[str, float]:
+        """The paper's parameter-sensitivity table row for each τ, on the stashed split.
+
+        References are the unperturbed expected network Q·p and the mean of
+        ``sensitivity_samples`` sampled networks; each of ``sensitivity_perturbations``
+        perturbed vectors p̃ = clip(p + ε_τ, 0, 1) is scored the same way. Sensitivity is the
+        relative accuracy drop, deviation the drop in percentage points per unit ‖ε_τ‖₂; all
+        are averaged over the perturbations (``_std``: their standard deviation).
+        """
+        gen = self.generator(self.global_step, SERVER, "zampling_sensitivity")
+        p = self.effective_p(self.p.detach()).cpu()
+
+        def scores(vector: Tensor) -> tuple[float, float]:
+            expected = self._accuracy(self.q.matvec(vector).to(self.device))
+            sampled = [
+                self._accuracy(self.q.matvec(torch.bernoulli(vector, generator=gen)).to(self.device))
+                for _ in range(self.sensitivity_samples)
+            ]
+            return expected, sum(sampled) / len(sampled)
+
+        reference = scores(p)
+        out: dict[str, float] = {
+            "test/sensitivity/reference_acc_expected": reference[0],
+            "test/sensitivity/reference_acc_sampled": reference[1],
+        }
+        for tau in self.sensitivity_taus:
+            rows: dict[str, list[float]] = {}
+            for _ in range(self.sensitivity_perturbations):
+                perturbed, eps = perturb_in_hypercube(p, tau, gen, self.sensitivity_region)
+                norm = float(eps.norm())
+                for kind, ref, acc in zip(("expected", "sampled"), reference, scores(perturbed), strict=True):
+                    rows.setdefault(f"acc_{kind}", []).append(acc)
+                    rows.setdefault(f"sensitivity_{kind}", []).append(relative_sensitivity(ref, acc))
+                    rows.setdefault(f"deviation_{kind}", []).append(accuracy_deviation(ref, acc, norm))
+                rows.setdefault("eps_norm", []).append(norm)
+            support = perturbation_support(p, tau, self.sensitivity_region)
+            out[f"test/sensitivity/{tau:g}/perturbed_fraction"] = float(support.float().mean())
+            for key, values in rows.items():
+                t = torch.tensor(values, dtype=torch.float64)
+                out[f"test/sensitivity/{tau:g}/{key}"] = float(t.mean())
+                out[f"test/sensitivity/{tau:g}/{key}_std"] = float(t.std()) if len(values) > 1 else 0.0
+        return out
 
     @override
     def on_fit_start(self) -> None:
