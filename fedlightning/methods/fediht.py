@@ -92,28 +92,16 @@ class FedIHT(SparseModelReport, FederatedModule):
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
         model = self.client_model
         assign_flat_(model, received)
-        model.train()
-        optimizer = self.client_optimizer(model.parameters())
-        x, y = self.client_data(client_id)
-        augment_gen = self.generator(round_idx, client_id, "augment")
-        loss_sum = torch.zeros((), device=self.device)
-        steps = 0
-        for idx in self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)):
-            optimizer.zero_grad(set_to_none=True)
-            loss = self.local_loss(model, self.datamodule.augment(x[idx], augment_gen), y[idx])
-            loss.backward()
-            if self.max_grad_norm is not None:
-                nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
-            optimizer.step()
-            if self.client_threshold == "every_step":
-                assign_flat_(model, hard_threshold(flat_parameters(model), self.m))
-            loss_sum += loss.detach()
-            steps += 1
+        loss, num_samples = self.local_train(client_id=client_id, round_idx=round_idx, model=model)
         local = flat_parameters(model)
         if self.client_threshold != "none":
             local = hard_threshold(local, self.m)
         # Upload the (sparse) local model itself; the server forms the weighted mean of models.
-        return ClientResult(upload=local, num_samples=len(y), loss=loss_sum / max(steps, 1))
+        return ClientResult(upload=local, num_samples=num_samples, loss=loss)
+
+    def on_local_step_end(self, model: nn.Module) -> None:
+        if self.client_threshold == "every_step":  # FedIter-HT: project after every local step
+            assign_flat_(model, hard_threshold(flat_parameters(model), self.m))
 
     def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
         from fedlightning.federated.aggregation import normalised_weights, weighted_mean
