@@ -1,12 +1,15 @@
 """Golub leukemia: E-FLoPS vs Fed-IHT vs FedAvg + pruning over 30 seeds, one command.
 
     python benchmarks/golub_comparison.py [--seeds 30] [--data-root ../shared/data] [--out benchmarks/results/eflops.md]
+        [--eflops-override method.final_support=test_gate ...] [overrides for all methods ...]
 
 Every seed draws a fresh stratified 70/30 split (50 train / 22 test) and the same 5 IID
 clients for all three methods (experiment ``golub_eflops``, same density ρ), so the test
 accuracies are paired by seed; the table gives mean ± sd, a two-sided Wilcoxon signed-rank
 test and a paired t-test of E-FLoPS against each baseline, the mean achieved density and
 uplink bits, and how often each gene was selected (with CST3 = M27891_at, MPO = M19507_at).
+``--eflops-override`` applies Hydra overrides to E-FLoPS only (e.g. the old evaluated model,
+``method.final_support=test_gate``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"))
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "eflops.md"))
+    parser.add_argument(
+        "--eflops-override", action="append", default=[], help="a Hydra override for E-FLoPS only (repeatable)"
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for all methods, e.g. method.density=0.01")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -70,7 +76,8 @@ def main() -> None:
     names: dict[str, str] = {}
     for seed in range(args.seeds):
         for method in METHODS:
-            summary, features = one_run(method, seed, args.data_root, args.overrides)
+            extra = [*args.overrides, *(args.eflops_override if method == "eflops" else [])]
+            summary, features = one_run(method, seed, args.data_root, extra)
             acc[method].append(float(summary["test/acc"]))
             dens[method].append(float(summary["model/density"]))
             bits[method].append(float(summary["comm/uplink_bits_total"]))
@@ -81,8 +88,15 @@ def main() -> None:
     lines = [
         "# Golub leukemia: E-FLoPS vs Fed-IHT vs FedAvg + pruning",
         "",
-        f"Command: `python benchmarks/golub_comparison.py --seeds {args.seeds} {' '.join(args.overrides)}`".rstrip()
-        + "",
+        "Command: `"
+        + " ".join(
+            [
+                f"python benchmarks/golub_comparison.py --seeds {args.seeds}",
+                *(f"--eflops-override {o}" for o in args.eflops_override),
+                *args.overrides,
+            ]
+        )
+        + "`",
         f"({args.seeds} seeds, fresh stratified 70/30 split per seed, 5 IID clients, experiment `golub_eflops`; "
         f"wall time {time.time() - started:.0f} s on a shared 2-core CPU.)",
         "",

@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import csv
 import json
+import types
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from fedlightning.compression.index_coding import encode_positions
 from fedlightning.errors import ConfigError
 from fedlightning.methods.eflops import (
+    EFLoPS,
     GateMessageCodec,
     aggregate_gated_uploads,
     expand_groups,
+    gated_top_m,
     off_support_means,
     pack_gate_state,
     unpack_gate_state,
+)
+from fedlightning.models.hard_concrete import (
+    expected_gate,
+    expected_gate_tail,
+    gate_survival,
+    prob_nonzero,
+    test_gate,
 )
 from fedlightning.run import run
 
@@ -75,6 +86,60 @@ def test_server_rebuild_hand_example() -> None:
     assert pi.tolist() == pytest.approx([0.65, 0.8, 0.9])  # like theta: mean over the senders
 
 
+def test_expected_gate_tail_is_positive_and_accurate() -> None:
+    log_alpha = torch.tensor([-10.0, -5.0, -2.4, 0.0, 2.0, 5.0, 10.0], dtype=torch.float64)
+    assert torch.allclose(gate_survival(0.0, log_alpha), prob_nonzero(log_alpha))  # P(z > 0) = P(z != 0)
+    assert float(expected_gate_tail(torch.tensor(0.0), nodes=4)) == 0.5  # symmetric at log alpha = 0
+    tail = expected_gate_tail(log_alpha, nodes=32)
+    reference = expected_gate(log_alpha, nodes=200_000)  # fine midpoint rule over u
+    assert torch.allclose(tail, reference, rtol=0.03, atol=1e-6)
+    # where the test-time gate (and the coarse u rule) is exactly 0, E[z] is still positive
+    assert float(test_gate(log_alpha[2])) == 0.0 and float(expected_gate(log_alpha[0], nodes=32)) == 0.0
+    assert bool((tail > 0).all()) and bool((tail <= prob_nonzero(log_alpha)).all())  # E[z] <= P(z != 0)
+
+
+def test_gated_top_m_hand_example() -> None:
+    # |theta * g| = [1.8, 0.3, 0.4, 0.5]: the two largest are coordinates 0 and 3
+    out = gated_top_m(torch.tensor([2.0, -3.0, 0.5, 1.0]), torch.tensor([0.9, 0.1, 0.8, 0.5]), 2)
+    assert out.tolist() == pytest.approx([1.8, 0.0, 0.0, 0.5])
+
+
+@pytest.mark.parametrize(("final_support", "nonzero"), [("top_m", 2), ("test_gate", 1)])
+def test_final_support_hand_example(final_support: str, nonzero: int) -> None:
+    """|theta| = 4, rho = 0.5: m = 2; coordinate 0 has a huge theta but P(z != 0) = 2.2e-4 < 0.31.
+
+    Scores |theta| P(z != 0) = [22.4, 0.83, 1.66, 0.42] and |theta E[z]| = [6.1, 0.5, 1.0, 0.25]
+    both pick S = {0, 2}; the test-time gate is z_hat = [0, 0.5, 0.5, 0.5], so the old rule
+    zeroes coordinate 0 of its own support, while top_m keeps theta_0 E[z_0] > 0.
+    """
+    module = EFLoPS(
+        density=0.5,
+        model=nn.Linear(3, 1),
+        datamodule=types.SimpleNamespace(task="regression"),
+        selection="expected_magnitude",
+        final_support=final_support,  # type: ignore[arg-type]
+    )
+    assert module.m == 2
+    theta, log_alpha = torch.tensor([1e5, -1.0, 2.0, 0.5]), torch.tensor([-10.0, 0.0, 0.0, 0.0])
+    out = module.final_parameters(theta, log_alpha)
+    assert int(torch.count_nonzero(out)) == nonzero
+    assert float(out[2]) == 1.0 and float(out[1]) == 0.0 and float(out[3]) == 0.0  # 2 * E[z] = 2 * 0.5
+    if final_support == "top_m":
+        assert 0 < float(out[0]) / 1e5 < float(prob_nonzero(log_alpha[0]))
+    else:
+        assert float(out[0]) == 0.0
+
+
+def test_rejects_unknown_final_support() -> None:
+    with pytest.raises(ConfigError, match=r"method\.final_support"):
+        EFLoPS(
+            density=0.5,
+            model=nn.Linear(3, 1),
+            datamodule=types.SimpleNamespace(task="regression"),
+            final_support="median",  # type: ignore[arg-type]
+        )
+
+
 @pytest.fixture
 def golub_cfg(make_config: Callable[..., object], shared_data_root: Path) -> Callable[..., object]:
     def build(*overrides: str) -> object:
@@ -86,7 +151,8 @@ def golub_cfg(make_config: Callable[..., object], shared_data_root: Path) -> Cal
 def test_golub_quick_run(golub_cfg: Callable[..., object], tmp_path: Path) -> None:
     summary = run(golub_cfg("rounds=3"), tmp_path)  # type: ignore[arg-type]
     dim, m = 2 * 3571 + 2, int(0.02 * (2 * 3571 + 2))
-    assert 0 < summary["model/density"] <= m / dim + 1e-9
+    # final_support=top_m: the evaluated model keeps exactly the m communicated coordinates
+    assert summary["model/nonzero"] == m and summary["model/density"] == pytest.approx(m / dim)
     assert summary["model/macs"] <= summary["model/nonzero"] and summary["model/macs_dense"] == 2 * 3571
     assert summary["test/acc"] is not None
     # every message is sparse: far below dense float32, both directions
@@ -122,16 +188,17 @@ def test_density_estimators_and_priors_run(golub_cfg: Callable[..., object], tmp
 
 
 def test_golub_density_reaches_target(golub_cfg: Callable[..., object], tmp_path: Path) -> None:
-    """The evaluated model (top-m support x test-time gate) keeps at least 0.8 rho non-zeros.
+    """After the full 30 rounds the evaluated model is within the issue's 10% band of rho.
 
-    The issue asks for 10%; measured over 30 seeds the mean is 0.0172 = 0.86 rho (see
-    benchmarks/results/eflops.md), so this guards the measured level (the first version, which
-    reset off-support gates every round, reached 0.012 = 0.6 rho), not the target.
+    With ``final_support=top_m`` it keeps exactly m = 142 non-zeros (m/|theta| = 0.01988);
+    the old ``test_gate`` rule kept 0.0172 on average over 30 seeds (129 of 142 on seed 0).
     """
-    rho = 0.02
+    rho, dim = 0.02, 2 * 3571 + 2
+    m = int(rho * dim)
     for seed in (0, 1):
         summary = run(golub_cfg("rounds=30", f"seed={seed}", "eval_every=1000"), tmp_path / str(seed))  # type: ignore[arg-type]
-        assert 0.8 * rho <= summary["model/density"] <= rho + 1e-9, summary["model/density"]
+        assert 0.9 * rho <= summary["model/density"] <= rho, summary["model/density"]
+        assert summary["model/nonzero"] == m and summary["model/macs"] <= m
 
 
 @pytest.mark.slow

@@ -13,8 +13,11 @@ Q(s̄ ≤ 0) = sigmoid(β log(−γ/ζ) − log α), so
     P(z ≠ 0) = sigmoid(log α − β log(−γ/ζ)),
 
 the closed-form L0 surrogate. The deterministic test-time gate (paper eq. 13) has no
-temperature: ẑ = min(1, max(0, sigmoid(log α)(ζ − γ) + γ)). ``E[z]`` has no closed form; it
-is computed here by a fixed midpoint rule over u, which is differentiable in log α.
+temperature: ẑ = min(1, max(0, sigmoid(log α)(ζ − γ) + γ)); it is exactly zero once
+sigmoid(log α) ≤ −γ/(ζ − γ) = 1/12, i.e. for P(z ≠ 0) ≤ 0.31. ``E[z]`` has no closed form; it is
+computed by a fixed midpoint rule over u (:func:`expected_gate`, differentiable in log α, but
+exactly zero when no node lands in the open region) or over the gate value x of the tail
+integral E[z] = ∫₀¹ P(z > x) dx (:func:`expected_gate_tail`, strictly positive for finite log α).
 
 >>> import torch
 >>> round(float(prob_nonzero(torch.tensor(0.0))), 3)
@@ -40,6 +43,8 @@ __all__ = [
     "HardConcrete",
     "bernoulli_kl",
     "expected_gate",
+    "expected_gate_tail",
+    "gate_survival",
     "log_alpha_from_prob_nonzero",
     "prob_nonzero",
     "sample_gate",
@@ -110,6 +115,40 @@ def expected_gate(
     return z.mean(dim=-1)
 
 
+def gate_survival(
+    x: Tensor | float, log_alpha: Tensor, *, beta: float = BETA, gamma: float = GAMMA, zeta: float = ZETA
+) -> Tensor:
+    """P(z > x) for x ∈ [0, 1): sigmoid(log α − β logit((x − γ)/(ζ − γ))).
+
+    s̄ > x ⇔ s > t with t = (x − γ)/(ζ − γ), and P(s > t) = sigmoid(log α − β logit t) for the
+    binary-concrete s; at x = 0 this is :func:`prob_nonzero`.
+
+    >>> import torch
+    >>> float(gate_survival(0.5, torch.tensor(0.0)))  # t = 1/2: sigmoid(0)
+    0.5
+    """
+    t = (torch.as_tensor(x, dtype=log_alpha.dtype, device=log_alpha.device) - gamma) / (zeta - gamma)
+    return torch.sigmoid(log_alpha - beta * torch.logit(t))
+
+
+def expected_gate_tail(
+    log_alpha: Tensor, *, nodes: int = 32, beta: float = BETA, gamma: float = GAMMA, zeta: float = ZETA
+) -> Tensor:
+    """E[z] = ∫₀¹ P(z > x) dx by the midpoint rule over x with ``nodes`` points.
+
+    The integrand is smooth and positive on [0, 1], so unlike :func:`expected_gate` (nodes in
+    u) the result is strictly positive for every finite log α, however small P(z ≠ 0) is.
+
+    >>> import torch
+    >>> float(expected_gate_tail(torch.tensor(0.0), nodes=4))  # symmetric nodes: exactly 1/2
+    0.5
+    """
+    total = torch.zeros_like(log_alpha)
+    for k in range(nodes):  # one node at a time: O(|θ|) memory for large networks
+        total = total + gate_survival((k + 0.5) / nodes, log_alpha, beta=beta, gamma=gamma, zeta=zeta)
+    return total / nodes
+
+
 def bernoulli_kl(q: Tensor, p: float | Tensor, eps: float = 1e-7) -> Tensor:
     """KL(Bernoulli(q) ‖ Bernoulli(p)) elementwise, in nats.
 
@@ -167,6 +206,10 @@ class HardConcrete:
     def expected_gate(self, log_alpha: Tensor, nodes: int = 32) -> Tensor:
         """E[z] by quadrature."""
         return expected_gate(log_alpha, nodes=nodes, beta=self.beta, gamma=self.gamma, zeta=self.zeta)
+
+    def expected_gate_tail(self, log_alpha: Tensor, nodes: int = 32) -> Tensor:
+        """E[z] by quadrature of the tail integral (strictly positive)."""
+        return expected_gate_tail(log_alpha, nodes=nodes, beta=self.beta, gamma=self.gamma, zeta=self.zeta)
 
     def test_gate(self, log_alpha: Tensor) -> Tensor:
         """Deterministic test-time gate."""
