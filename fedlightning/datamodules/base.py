@@ -243,7 +243,8 @@ class FederatedDataModule(L.LightningDataModule):
             parts = self._read_partition(Path(self.partition_file), len(labels))
         elif groups is not None:
             train_groups = groups[train_idx.numpy()]
-            parts = self.partition(labels, self.num_clients, np.random.default_rng(self.seed), groups=train_groups)
+            rng = np.random.default_rng(self.seed)
+            parts = self.partition(labels, self.num_clients, rng, groups=train_groups)  # type: ignore[call-arg]
         else:
             parts = self.partition(labels, self.num_clients, np.random.default_rng(self.seed))
         self._parts = [np.asarray(p, dtype=np.int64) for p in parts]

@@ -228,7 +228,7 @@ class CIFAR10DataModule(FederatedDataModule):
     def _jpeg_cache_path(self, tar_path: Path) -> Path | None:
         if self.cache_dir == "":
             return None
-        base = Path(self.cache_dir or os.environ.get("FEDLIGHTNING_CACHE", Path.home() / ".cache" / "fedlightning"))
+        base = Path(self.cache_dir or os.environ.get("FEDLIGHTNING_CACHE") or Path.home() / ".cache" / "fedlightning")
         st = tar_path.stat()
         return base.expanduser() / "cifar10-jpeg" / f"{tar_path.name}-{st.st_size}-{st.st_mtime_ns}.npz"
 

@@ -196,13 +196,16 @@ class EMNISTDataModule(FederatedDataModule):
             assert test is not None
             train, test = self._carve(test, "test", "data.train_from=test")
         else:
-            train = self._pair("train")
-            if train is None:
-                train = self._pair("train-subset")
-                if train is None:
+            official = self._pair("train")
+            if official is None:
+                subset = self._pair("train-subset")
+                if subset is None:
                     raise self._unavailable("train")
+                train = subset
                 self._add_notice(f"subset: {len(train[1]):,} of {n_train:,} {self.split} training images")
-            elif len(train[1]) != n_train:
+            else:
+                train = official
+            if len(train[1]) != n_train and official is not None:
                 self._add_notice(f"subset: {len(train[1]):,} of {n_train:,} {self.split} training images")
             if test is None:
                 train, test = self._carve(train, "training", "data.test_from=train")

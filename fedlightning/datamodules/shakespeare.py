@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -288,6 +288,8 @@ class ShakespeareDataModule(FederatedDataModule):
 
     def _load(self) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
         source = self._resolve_source()
+        train_roles: Mapping[str, Sequence[bytes | str]]
+        test_roles: Mapping[str, Sequence[bytes | str]]
         if source == "tff":
             train_roles, test_roles = self._read_tff()
         elif source == "text":

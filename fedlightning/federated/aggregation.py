@@ -29,7 +29,8 @@ def weighted_mean(updates: Tensor, weights: Tensor) -> Tensor:
     """Σ_k w_k u_k / Σ_k w_k for updates stacked as rows of a (K, m) tensor."""
     if updates.ndim != 2 or weights.shape != (updates.shape[0],):
         raise ValueError(
-            f"weighted_mean needs (K, m) updates and (K,) weights, got {tuple(updates.shape)} and {tuple(weights.shape)}."
+            f"weighted_mean needs (K, m) updates and (K,) weights, "
+            f"got {tuple(updates.shape)} and {tuple(weights.shape)}."
         )
     w = weights.to(updates.dtype)
     return (w @ updates) / w.sum()

@@ -452,7 +452,8 @@ class EFLoPS(SparseModelReport, FederatedModule):
 
     def _rebuild_client(self, received: Tensor) -> tuple[Tensor, Tensor, float]:
         theta_s, pi, support, pi_off, lam = unpack_gate_state(received, self.num_groups)
-        off = self.theta_init.to(received.device) if self.off_support == "init" else torch.zeros_like(theta_s)
+        theta_init: Tensor = self.theta_init  # type: ignore[assignment]  # a registered buffer
+        off = theta_init.to(received.device) if self.off_support == "init" else torch.zeros_like(theta_s)
         theta = torch.where(support, theta_s, off)
         log_alpha = self._off_support_log_alpha(pi_off, pi)
         if support.any():
@@ -466,7 +467,7 @@ class EFLoPS(SparseModelReport, FederatedModule):
         model.train()
         log_alpha = log_alpha0.clone().requires_grad_(True)
         optimizer = self.client_optimizer(
-            [{"params": list(model.parameters())}, {"params": [log_alpha], "lr": self.log_alpha_lr}]  # type: ignore[arg-type]
+            [{"params": list(model.parameters())}, {"params": [log_alpha], "lr": self.log_alpha_lr}]  # type: ignore[arg-type,list-item]
         )
         names = [n for n, _ in model.named_parameters()]
         params = list(model.parameters())

@@ -77,7 +77,7 @@ def count_macs(
     try:
         with torch.no_grad():
             device = next(model.parameters()).device
-            functional_call(model, params, (torch.zeros(1, *input_shape, device=device),))
+            functional_call(model, dict(params), (torch.zeros(1, *input_shape, device=device),))  # type: ignore[arg-type]
     finally:
         for h in handles:
             h.remove()

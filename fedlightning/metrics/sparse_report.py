@@ -68,7 +68,7 @@ class SparseModelReport:
         flat = self.evaluated_parameters().detach().cpu()
         chosen = selected_input_features(self.model, flat).tolist()
         first = next(p for p in self.model.parameters() if p.ndim == 2)
-        weights = flat[: first.numel()].reshape(first.shape)  # first 2-D parameter comes first in our models
+        weights: Tensor | None = flat[: first.numel()].reshape(first.shape)  # first 2-D parameter comes first
         if next(iter(self.model.parameters())) is not first:
             weights = None
         ids = getattr(self.datamodule, "probe_ids", None) or None
