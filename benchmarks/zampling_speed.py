@@ -1,19 +1,31 @@
 """Zampling speed (arXiv 2503.14246): a training step and a federated round against FedAvg.
 
-Part 1, one local step of the 784-300-100-10 MLP (mnistfc) at batch 128, forward + backward +
+Part 1 (``--kernels``), the Q·z and Qᵀ·g kernels alone at m/n = 32, d = 10 on mnistfc
+(m = 266,610, n = 8,331, 2.67 M non-zeros), one torch thread: ``torch.mv`` on the CSR layouts,
+the dense-index formulation (cols/vals of shape (m, d): gather z, multiply, sum; backward by
+``index_add_``/``bincount``), ``segment_reduce`` over the CSC, ``torch.mv`` on a transposed
+CSR, and the incremental update over the padded column table at several flip shares.
+
+Part 2, one local step of the 784-300-100-10 MLP (mnistfc) at batch 128, forward + backward +
 optimiser step, one torch thread:
 
 * plain: the MLP with its own weights, SGD;
-* zampling: sample z ~ Bernoulli(clip(s)), w = Q·z (incremental when few bits flipped),
-  functional forward, masked backward Qᵀ·g, Adam on s; m/n = 32, d = 10; measured with p as
-  at round 0 (p ~ U(0,1), nothing frozen) and as after ~10 federated rounds (80% of p
-  exactly 0 or 1, the rest on the 1/10 lattice).
+* zampling: sample z ~ Bernoulli(clip(s)), w = Q·z, functional forward, backward Qᵀ·g, Adam
+  on s; m/n = 32, d = 10; with the fast path (incremental Q·z when few bits flipped,
+  free-column backward) and the reference path (``ZampledWeights(fast=False)``: full
+  products every step); p as at round 0 (p ~ U(0,1), nothing frozen) and as after ~10
+  federated rounds (80% of p exactly 0 or 1, the rest on the 1/10 lattice).
 
-Part 2, one federated round through the engine (10 IID MNIST clients, ~5,400 samples each,
-1 local epoch): FedAvg (batch 32, its default) against Federated Zampling (batch 128, the
-paper's; and batch 32), from the round-0 state and after warm-up rounds.
+Part 3, federated rounds through the engine (10 IID MNIST clients, ~5,400 samples each,
+1 local epoch): FedAvg (batch 32, its default; and batch 128) against Federated Zampling
+(batch 128, the paper's; with the fast and with the reference Q·z path). Each repetition
+runs one round of every method in turn, each continuing from its own state (a fresh Trainer
+per round, so every round is round index 0 for the random streams; p keeps polarising from
+one repetition to the next).
 
-    python benchmarks/zampling_speed.py --data-root ../shared/data --rounds 4
+All timings interleave the candidates within every repetition and report medians:
+
+    python benchmarks/zampling_speed.py --data-root ../shared/data --kernels --repeats 21 --rounds 7
 
 Timings on a shared machine are noisy: compare the ratios printed at the end.
 """
@@ -21,6 +33,7 @@ Timings on a shared machine are noisy: compare the ratios printed at the end.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from typing import Any
@@ -30,9 +43,10 @@ import torch
 
 from fedlightning.datamodules import IIDPartition, MNISTDataModule
 from fedlightning.methods import FedAvg
-from fedlightning.methods.zampling import Zampling, probability_from_score
+from fedlightning.methods import zampling as zampling_method
+from fedlightning.methods.zampling import Zampling, frozen_fraction, probability_from_score
 from fedlightning.models import build_model
-from fedlightning.models.zampling import ZampledNetwork, ZampledWeights, row_fan_in, zampling_q
+from fedlightning.models.zampling import SparseQ, ZampledNetwork, ZampledWeights, row_fan_in, zampling_q
 from fedlightning.sampling import FullParticipation
 
 
@@ -54,11 +68,67 @@ def _interleaved_median_ms(fns: dict[str, Any], repeats: int) -> dict[str, float
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
+def _mnistfc_q() -> tuple[torch.nn.Module, SparseQ]:
+    model = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+    return model, zampling_q(row_fan_in(model), n=266_610 // 32, d=10, seed=0)
+
+
+def _polarised_p(n: int, frozen_share: float, gen: torch.Generator) -> torch.Tensor:
+    """p ~ U(0,1), or on the 1/10 lattice with ``frozen_share`` of it rounded to exactly 0 or 1."""
+    p = torch.rand(n, generator=gen)
+    if frozen_share:
+        p = torch.round(p * 10) / 10
+        p = torch.where(torch.rand(n, generator=gen) < frozen_share, torch.round(p), p)
+    return p
+
+
+def kernel_benchmark(repeats: int) -> dict[str, float]:
+    """Median ms of each Q·z / Qᵀ·g formulation (one torch thread)."""
+    _, q = _mnistfc_q()
+    m, n = q.m, q.n
+    gen = torch.Generator().manual_seed(0)
+    p = torch.rand(n, generator=gen)
+    z = torch.bernoulli(p, generator=gen)
+    g = torch.randn(m, generator=gen)
+    cols = q.cols.reshape(-1).contiguous()
+    lengths = q.col_ptr[1:] - q.col_ptr[:-1]
+    col_rows = q.col_rows.to(torch.int64)
+    all_columns = torch.arange(n)
+    g_ext = torch.cat([g, torch.zeros(1)])
+    full_block = q.free_block(all_columns)
+    fns: dict[str, Any] = {
+        "fwd csr mv (torch.mv)": lambda: q.matvec(z),
+        "fwd csr @ z[:, None]": lambda: q.csr @ z.reshape(-1, 1),
+        "fwd dense-index (vals * z[cols]).sum(1)": lambda: (q.vals * z[q.cols]).sum(1),
+        "bwd csr-of-Qt mv (torch.mv)": lambda: torch.mv(q.csr_t, g),
+        "bwd csr-of-Qt @ g[:, None]": lambda: q.rmatvec(g),
+        "bwd free-column CSR block, all columns": lambda: torch.mv(full_block, g_ext),
+        "bwd dense-index index_add_": lambda: torch.zeros(n).index_add_(0, cols, (q.vals * g[:, None]).view(-1)),
+        "bwd dense-index bincount(weights)": lambda: torch.bincount(cols, (q.vals * g[:, None]).view(-1), n),
+        "bwd CSC segment_reduce": lambda: torch.segment_reduce(q.col_vals * g[col_rows], "sum", lengths=lengths),
+    }
+    if repeats <= 9:  # the transposed-CSR products take ~0.2 s each; time them only on short runs
+        fns["fwd mv on transposed CSR of Qt"] = lambda: torch.mv(q.csr_t.t(), z)
+    w = torch.zeros(m)
+    for share in (0.02, 0.05, 0.1, 0.15, 0.2, 0.33):
+        flips = torch.nonzero(torch.rand(n, generator=gen) < share).squeeze(1)
+        up, down = flips[z[flips] == 0], flips[z[flips] == 1]
+        fns[f"fwd incremental (copy w + flips), {100 * share:.0f}% flipped"] = lambda up=up, down=down: q.flip_columns_(
+            w.clone(), up, down
+        )
+    for share in (0.5, 0.2, 0.1):
+        columns = torch.nonzero(torch.rand(n, generator=gen) < share).squeeze(1)
+        block = q.free_block(columns)
+        fns[f"bwd free-column block, {100 * share:.0f}% free"] = lambda block=block: torch.mv(block, g_ext)
+        fns[f"  (its rebuild, {100 * share:.0f}% free)"] = lambda columns=columns: q.free_block(columns)
+    return _interleaved_median_ms(fns, repeats)
+
+
 def step_benchmark(repeats: int) -> dict[str, float]:
-    """Median ms of one training step: plain MLP vs Zampling (fresh and polarised p)."""
+    """Median ms of one training step: plain MLP vs Zampling (fast and reference; fresh and polarised p)."""
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(128, 1, 28, 28, generator=gen), torch.randint(0, 10, (128,), generator=gen)
-    model = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+    model, q = _mnistfc_q()
     sgd = torch.optim.SGD(model.parameters(), lr=0.03, momentum=0.9, nesterov=True)
 
     def plain() -> None:
@@ -68,37 +138,38 @@ def step_benchmark(repeats: int) -> dict[str, float]:
 
     fns: dict[str, Any] = {"plain_ms": plain}
     all_weights: dict[str, ZampledWeights] = {}
-    q = zampling_q(row_fan_in(model), n=266_610 // 32, d=10, seed=0)
     net = ZampledNetwork(model)
-    for label, frozen_share in (("zampling_fresh_ms", 0.0), ("zampling_polarised_ms", 0.8)):
-        p0 = torch.rand(q.n, generator=gen)
-        if frozen_share:
-            p0 = torch.round(p0 * 10) / 10
-            p0 = torch.where(torch.rand(q.n, generator=gen) < frozen_share, torch.round(p0), p0)
-        s = p0.clone().requires_grad_(True)
-        adam = torch.optim.Adam([s], lr=0.1 if not frozen_share else 1e-4)
-        weights = ZampledWeights(q)
-        mask_gen = torch.Generator().manual_seed(1)
+    for state, frozen_share in (("fresh", 0.0), ("polarised", 0.8)):
+        p0 = _polarised_p(q.n, frozen_share, gen)
+        for path in ("fast", "reference"):
+            s = p0.clone().requires_grad_(True)
+            # the polarised state is held (tiny lr) so that every repetition sees it
+            adam = torch.optim.Adam([s], lr=0.1 if not frozen_share else 1e-4)
+            weights = ZampledWeights(q, fast=path == "fast")
+            mask_gen = torch.Generator().manual_seed(1)
 
-        def step(
-            s: torch.Tensor = s,
-            adam: torch.optim.Optimizer = adam,
-            weights: ZampledWeights = weights,
-            mask_gen: torch.Generator = mask_gen,
-        ) -> None:
-            p = probability_from_score(s, "zampling")
-            w = weights(p, torch.bernoulli(p.detach(), generator=mask_gen))
-            loss = torch.nn.functional.cross_entropy(net.forward(x, w), y)
-            adam.zero_grad(set_to_none=True)
-            loss.backward()
-            adam.step()
+            def step(
+                s: torch.Tensor = s,
+                adam: torch.optim.Optimizer = adam,
+                weights: ZampledWeights = weights,
+                mask_gen: torch.Generator = mask_gen,
+            ) -> None:
+                p = probability_from_score(s, "zampling")
+                w = weights(p, torch.bernoulli(p.detach(), generator=mask_gen))
+                loss = torch.nn.functional.cross_entropy(net.forward(x, w), y)
+                adam.zero_grad(set_to_none=True)
+                loss.backward()
+                adam.step()
 
-        fns[label] = step
-        all_weights[label] = weights
+            label = f"zampling_{state}_{path}_ms"
+            fns[label] = step
+            all_weights[label] = weights
     results = _interleaved_median_ms(fns, repeats)
     for label, weights in all_weights.items():
-        results[label.replace("_ms", "_incremental_share")] = weights.stats["incremental"] / max(
-            1, weights.stats["incremental"] + weights.stats["full"]
+        done = max(1, weights.stats["incremental"] + weights.stats["full"])
+        results[label.replace("_ms", "_incremental_share")] = weights.stats["incremental"] / done
+        results[label.replace("_ms", "_flipped_share")] = weights.stats["flipped"] / max(
+            1, weights.stats["incremental"] * weights.q.n
         )
     return results
 
@@ -114,10 +185,26 @@ class _Timer(L.Callback):
         self.times.append(time.perf_counter() - self.start)
 
 
-def _round_times(module: L.LightningModule, rounds: int) -> list[float]:
+def _one_round(module: L.LightningModule) -> float:
+    """Seconds of one federated round (the training batch) of ``module`` under a fresh Trainer.
+
+    A module flagged ``_speed_reference`` runs with the reference Q·z path: the method's
+    ``ZampledWeights`` is swapped for ``ZampledWeights(fast=False)`` during its round only.
+    """
+    if getattr(module, "_speed_reference", False):
+        original = zampling_method.ZampledWeights
+        zampling_method.ZampledWeights = functools.partial(original, fast=False)  # type: ignore[misc]
+        try:
+            return _one_round_timed(module)
+        finally:
+            zampling_method.ZampledWeights = original  # type: ignore[misc]
+    return _one_round_timed(module)
+
+
+def _one_round_timed(module: L.LightningModule) -> float:
     timer = _Timer()
     trainer = L.Trainer(
-        max_steps=rounds,
+        max_steps=1,
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,
@@ -126,58 +213,75 @@ def _round_times(module: L.LightningModule, rounds: int) -> list[float]:
         callbacks=[FullParticipation(), timer],
     )
     trainer.fit(module)
-    return timer.times
+    return timer.times[-1]
 
 
-def round_benchmark(data_root: str, rounds: int) -> dict[str, Any]:
-    """Round times (s) of FedAvg and Federated Zampling through the engine."""
+def round_benchmark(data_root: str, rounds: int) -> dict[str, list[float]]:
+    """Round times (s) of FedAvg and Federated Zampling through the engine, interleaved."""
     dm = MNISTDataModule(root=data_root, num_clients=10, partition=IIDPartition())
     dm.setup("fit")
 
     def mnistfc() -> torch.nn.Module:
         return build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
 
-    out: dict[str, Any] = {}
-    fedavg = FedAvg(
-        model=mnistfc(),
-        datamodule=dm,
-        client_optimizer=lambda p: torch.optim.SGD(p, lr=0.03, momentum=0.9, nesterov=True),
-    )
-    out["fedavg_b32"] = _round_times(fedavg, rounds)
-    for batch in (128, 32):
-        zampling = Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=batch)
-        out[f"zampling_b{batch}"] = _round_times(zampling, rounds)
+    def sgd(params: Any) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=0.03, momentum=0.9, nesterov=True)
+
+    modules: dict[str, L.LightningModule] = {
+        "fedavg_b32": FedAvg(model=mnistfc(), datamodule=dm, client_optimizer=sgd),
+        "fedavg_b128": FedAvg(model=mnistfc(), datamodule=dm, client_optimizer=sgd, batch_size=128),
+        "zampling_b128": Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=128),
+        "zampling_b128_reference": Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=128),
+    }
+    modules["zampling_b128_reference"]._speed_reference = True
+    out: dict[str, list[float]] = {name: [] for name in modules}
+    for _ in range(rounds):
+        for name, module in modules.items():
+            out[name].append(_one_round(module))
+    zampling = modules["zampling_b128"]
+    assert isinstance(zampling, Zampling)
+    out["zampling_frozen_fraction_after"] = [frozen_fraction(zampling.p.detach())]
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved round repetitions (0: skip)")
+    parser.add_argument("--repeats", type=int, default=21, help="interleaved step repetitions")
+    parser.add_argument("--kernels", action="store_true", help="also time the Q·z / Qᵀ·g kernels alone")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.kernels:
+        print("kernels, m/n = 32, d = 10, median ms:")
+        for name, ms in kernel_benchmark(args.repeats).items():
+            print(f"  {name:48s} {ms:7.2f}")
     steps = step_benchmark(args.repeats)
-    print(f"plain mnistfc step, batch 128:           {steps['plain_ms']:.2f} ms")
-    for kind in ("fresh", "polarised"):
-        ms = steps[f"zampling_{kind}_ms"]
-        share = steps[f"zampling_{kind}_incremental_share"]
-        print(
-            f"zampling step ({kind:9s}) m/n=32 d=10: {ms:.2f} ms  ratio {ms / steps['plain_ms']:.2f}x"
-            f"  (incremental Q·z on {100 * share:.0f}% of steps)"
-        )
-    if args.rounds < 1:  # --rounds 0: the step benchmark only
+    plain = steps["plain_ms"]
+    print(f"plain mnistfc step, batch 128: {plain:.2f} ms  ({args.repeats} interleaved repetitions, medians)")
+    for state in ("fresh", "polarised"):
+        for path in ("fast", "reference"):
+            key = f"zampling_{state}_{path}"
+            ms = steps[f"{key}_ms"]
+            print(
+                f"zampling step, {state:9s} p, {path:9s} path: {ms:6.2f} ms  ratio {ms / plain:.2f}x"
+                f"  (incremental Q·z on {100 * steps[key + '_incremental_share']:.0f}% of steps,"
+                f" {100 * steps[key + '_flipped_share']:.1f}% of bits flipped on those)"
+            )
+    if args.rounds < 1:
         return
     rounds = round_benchmark(args.data_root, args.rounds)
     base = statistics.median(rounds["fedavg_b32"])
-    print(f"FedAvg round (batch 32): median {base:.2f} s  all {[round(t, 2) for t in rounds['fedavg_b32']]}")
-    for key in ("zampling_b128", "zampling_b32"):
+    b128 = statistics.median(rounds["fedavg_b128"])
+    print(f"federated rounds ({args.rounds} interleaved repetitions), seconds:")
+    for key in ("fedavg_b32", "fedavg_b128", "zampling_b128", "zampling_b128_reference"):
         times = rounds[key]
+        med = statistics.median(times)
         print(
-            f"Federated Zampling round ({key[-4:]}): first {times[0]:.2f} s, median {statistics.median(times):.2f} s, "
-            f"last {times[-1]:.2f} s  ratio(median) {statistics.median(times) / base:.2f}x  "
-            f"all {[round(t, 2) for t in times]}"
+            f"  {key:24s} median {med:6.2f}  ratio to fedavg_b32 {med / base:.2f}x"
+            f"  to fedavg_b128 {med / b128:.2f}x  all {[round(t, 2) for t in times]}"
         )
+    print(f"  zampling frozen fraction after the last round: {rounds['zampling_frozen_fraction_after'][0]:.3f}")
 
 
 if __name__ == "__main__":

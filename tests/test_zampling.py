@@ -341,3 +341,75 @@ def test_sensitivity_study_logs_a_row_per_tau(make_config, tmp_path: Path) -> No
     assert s["test/sensitivity/0.5/perturbed_fraction"] == 0.0
     assert s["test/sensitivity/0.5/acc_expected"] == pytest.approx(s["test/acc"])
     assert s["test/sensitivity/0.5/sensitivity_expected"] == 0.0
+
+
+def test_fast_path_matches_reference_over_a_training_run() -> None:
+    """The incremental Q·z and the free-column Qᵀ·g equal the full products (fast=False) step by step.
+
+    A Local-Zampling-like loop on the small MLP at m/n = 32, d = 10: p starts 80% frozen (few
+    flips, so the incremental forward and the cached free-column block are used), clipped
+    Adam steps freeze more columns as it runs (block rebuilds), and at step 60 frozen
+    columns are released again (a column outside the cached block becomes free).
+    """
+    q = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=4)
+    net = ZampledNetwork(SMALL)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 784, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+    p0 = torch.round(torch.rand(510, generator=gen) * 10) / 10
+    p0 = torch.where(torch.rand(510, generator=gen) < 0.8, torch.round(p0), p0)
+    s = p0.clone().requires_grad_(True)
+    adam = torch.optim.Adam([s], lr=0.02)
+    fast, reference = ZampledWeights(q), ZampledWeights(q, fast=False)
+    for step in range(120):
+        if step == 60:
+            with torch.no_grad():  # release a third of the frozen columns
+                frozen = (s <= 0) | (s >= 1)
+                release = frozen & (torch.rand(510, generator=gen) < 0.33)
+                s[release] = torch.rand(int(release.sum()), generator=gen)
+        p = probability_from_score(s, "zampling")
+        z = torch.bernoulli(p.detach(), generator=gen)
+        grads = []
+        for weights in (fast, reference):
+            p_leaf = p.detach().requires_grad_(True)
+            w = weights(p_leaf, z)
+            loss = torch.nn.functional.cross_entropy(net.forward(x, w), y)
+            loss.backward()
+            grads.append((w.detach(), p_leaf.grad))
+        (w_fast, g_fast), (w_ref, g_ref) = grads
+        assert torch.allclose(w_fast, w_ref, atol=2e-6, rtol=0), step
+        assert torch.allclose(g_fast, g_ref, atol=1e-6, rtol=1e-4), step
+        free = (p.detach() > 0) & (p.detach() < 1)
+        assert torch.all(g_fast[~free] == 0)
+        adam.zero_grad(set_to_none=True)
+        s.grad = g_ref.clone()
+        adam.step()
+    # the fast shortcuts were actually exercised, the reference never took them
+    assert fast.stats["incremental"] >= 60 and fast.stats["block_builds"] >= 2
+    assert reference.stats["incremental"] == 0 and reference.stats["block_builds"] == 0
+
+
+def test_incremental_drift_is_bounded_over_many_steps() -> None:
+    q = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=5)
+    weights = ZampledWeights(q, refresh_every=10_000)  # no refresh: the drift itself is checked
+    gen = torch.Generator().manual_seed(0)
+    z = torch.bernoulli(torch.full((510,), 0.5), generator=gen)
+    weights.weights_for(z)
+    for _ in range(2000):
+        z = torch.where(torch.rand(510, generator=gen) < 0.03, 1 - z, z)
+        w = weights.weights_for(z)
+    assert weights.stats["full"] == 1 and weights.stats["incremental"] == 2000
+    exact = q.to_dense().double() @ z.double()
+    # |w| ~ 0.1: 2000 float32 additions keep it within a few 1e-6 of the float64 product
+    assert float((w.double() - exact).abs().max()) < 1e-5
+
+
+def test_padded_columns_and_flips_by_hand() -> None:
+    q = _tiny_q()  # Q = [[2, 0, 1], [0, 3, -1]]
+    rows, vals = q.padded_columns()
+    assert rows.tolist() == [[0, 0], [1, 0], [0, 1]]  # column-major, padded with row 0 / value 0
+    assert vals.tolist() == [[2.0, 0.0], [3.0, 0.0], [1.0, -1.0]]
+    w = torch.tensor([2.0, 3.0])  # Q·(1, 1, 0)
+    q.flip_columns_(w, up=torch.tensor([2]), down=torch.tensor([0]))  # z → (0, 1, 1)
+    assert w.tolist() == [1.0, 2.0]
+    block = q.free_block(torch.tensor([1, 2]))
+    assert torch.mv(block, torch.tensor([1.0, 2.0, 0.0])).tolist() == [6.0, -1.0]

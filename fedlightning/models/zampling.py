@@ -12,10 +12,15 @@ arXiv 2503.14246 (§"Our Framework"). Names follow the paper:
 * ``z`` ∈ {0,1}^n: a mask sampled from Bernoulli(p); the network's weights are w = Q·z
   (the *expected network* uses w = Q·p).
 
-Q is stored twice in compressed-sparse-row form with int32 indices (rows of Q and rows of
-Qᵀ), so memory is O(m·d). :class:`ZampledWeights` computes w for consecutive masks
-incrementally (w ← w + Q·(z_new − z_old), only the flipped columns) and its backward pass
-computes Qᵀ·∂L/∂w only for the columns that are still free (0 < p < 1).
+Q is stored in compressed-sparse-row form with int32 indices (rows of Q and rows of Qᵀ)
+and, built on first use, as a padded column-major table (for each of the n columns its row
+indices and values, padded with zeros to the longest column), so memory is O(m·d).
+:class:`ZampledWeights` computes w for consecutive masks incrementally (w ← w + Q·(z_new −
+z_old): one ``index_add_`` over the padded columns that flipped, split into 0→1 and 1→0
+flips so no multiply is needed), and its backward pass computes Qᵀ·∂L/∂w only for the
+columns that are still free (0 < p < 1), over a cached CSR block of those padded columns.
+Full products use ``torch.mv`` on the CSR layouts, which measured fastest at one thread
+(``benchmarks/zampling_speed.py --kernels``).
 
 Example:
     >>> from fedlightning.models.mlp import MLP
@@ -182,6 +187,7 @@ class SparseQ:
         self.col_rows = (order // self.d).to(torch.int32)  # row of each entry, column-major
         self.col_vals = flat_vals[order]
         self.csr_t = _csr_tensor(self.col_ptr.to(torch.int32), self.col_rows, self.col_vals, (self.n, self.m))
+        self._padded: tuple[Tensor, Tensor] | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -221,6 +227,68 @@ class SparseQ:
         counts = ptr[1:] - ptr[:-1]
         w.index_add_(0, rows.to(torch.int64), vals * torch.repeat_interleave(delta.to(vals.dtype), counts))
 
+    def padded_columns(self) -> tuple[Tensor, Tensor]:
+        """Column-major table of Q: (rows, vals), each (n, L), L the largest column count.
+
+        Row j lists column j's row indices (int32) and values; the unused slots hold row 0
+        with value 0.0, so scattering whole padded columns adds exactly 0.0 there. Built once,
+        on first use; its size is n·L, about 1.2·m·d at m/n = 32, d = 10 (L = 389 vs a mean
+        column count of 320).
+
+        >>> q = SparseQ(cols=torch.tensor([[0], [0], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
+        >>> rows, vals = q.padded_columns()
+        >>> rows.tolist(), vals.tolist()
+        ([[0, 1], [2, 0]], [[1.0, 2.0], [3.0, 0.0]])
+        """
+        if self._padded is None:
+            device = self.col_rows.device
+            counts = self.col_ptr[1:] - self.col_ptr[:-1]
+            width = max(1, int(counts.max())) if self.n else 1
+            column = torch.repeat_interleave(torch.arange(self.n, device=device), counts)
+            start = torch.repeat_interleave(self.col_ptr[:-1], counts)
+            slot = torch.arange(self.col_rows.numel(), device=device) - start
+            rows = torch.zeros((self.n, width), dtype=torch.int32, device=device)
+            vals = torch.zeros((self.n, width), dtype=torch.float32, device=device)
+            rows[column, slot] = self.col_rows
+            vals[column, slot] = self.col_vals
+            self._padded = (rows, vals)
+        return self._padded
+
+    def flip_columns_(self, w: Tensor, up: Tensor, down: Tensor) -> None:
+        """w ← w + Σ_{j∈up} Q[:, j] − Σ_{j∈down} Q[:, j] in place (length-m ``w``).
+
+        The binary-mask incremental update: ``up`` are the columns whose bit went 0 → 1,
+        ``down`` those that went 1 → 0. Gathers their padded columns (contiguous rows of the
+        table) and scatters them with one ``index_add_`` each (the padding adds 0.0 to w[0]).
+
+        >>> q = SparseQ(cols=torch.tensor([[0], [0], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
+        >>> w = torch.zeros(3)
+        >>> q.flip_columns_(w, up=torch.tensor([0]), down=torch.tensor([1]))
+        >>> w.tolist()
+        [1.0, 2.0, -3.0]
+        """
+        rows, vals = self.padded_columns()
+        for columns, alpha in ((up, 1.0), (down, -1.0)):
+            if columns.numel():
+                w.index_add_(
+                    0, rows.index_select(0, columns).view(-1), vals.index_select(0, columns).view(-1), alpha=alpha
+                )
+
+    def free_block(self, columns: Tensor) -> Tensor:
+        """CSR of Qᵀ restricted to ``columns``, over whole padded columns: shape (len(columns), m + 1).
+
+        ``torch.mv(block, g_ext)`` with g_ext = (g, 0) gives Qᵀ[columns]·g: the padding slots
+        point to the extra row m (value 0), so they read the appended 0 whatever g holds.
+        Built with two contiguous row gathers, so rebuilding it is cheap.
+        """
+        rows, vals = self.padded_columns()
+        k, width = int(columns.numel()), rows.shape[1]
+        counts = self.col_ptr[columns + 1] - self.col_ptr[columns]
+        padding = torch.arange(width, device=rows.device) >= counts.unsqueeze(1)
+        block_rows = rows.index_select(0, columns).masked_fill_(padding, self.m)
+        crow = torch.arange(0, k * width + 1, width, dtype=torch.int32, device=rows.device)
+        return _csr_tensor(crow, block_rows.view(-1), vals.index_select(0, columns).view(-1), (k, self.m + 1))
+
     def to(self, device: torch.device | str) -> SparseQ:
         """A copy on ``device``."""
         return SparseQ(cols=self.cols.to(device), vals=self.vals.to(device), n=self.n)
@@ -253,6 +321,9 @@ def diagonal_q(values: Tensor) -> SparseQ:
 class _QProduct(torch.autograd.Function):
     """w = Q·z with the value precomputed; backward gives Qᵀ·g on the free columns only.
 
+    ``w`` is a fresh tensor from :meth:`ZampledWeights.weights_for` that is never modified
+    afterwards, so it is returned as a view instead of a copy.
+
     Straight-through: the gradient with respect to the sample z is handed to the
     probability input ``p`` (dL/dp := dL/dz), optionally multiplied by p (FedPM's estimator),
     and zero on frozen columns.
@@ -262,7 +333,7 @@ class _QProduct(torch.autograd.Function):
     def forward(ctx, p: Tensor, w: Tensor, weights: ZampledWeights) -> Tensor:  # type: ignore[override]
         ctx.weights = weights
         ctx.save_for_backward(p)
-        return w.clone()
+        return w.view_as(w)
 
     @staticmethod
     def backward(ctx, grad_w: Tensor) -> tuple[Tensor | None, None, None]:  # type: ignore[override]
@@ -289,17 +360,33 @@ def q_product(p: Tensor, z: Tensor, q: SparseQ) -> Tensor:
 class ZampledWeights:
     """w = Q·z for a stream of masks, with incremental updates and a masked backward.
 
-    Keeps the last mask and its w; a new mask that differs in fewer than
-    ``incremental_fraction``·n coordinates is applied as w ← w + Q·(z_new − z_old), otherwise
-    w is recomputed (also every ``refresh_every`` incremental steps, bounding float drift).
+    Keeps the last mask and its w; a new mask that differs in at most
+    ``incremental_fraction``·n coordinates is applied as w ← w + Q·(z_new − z_old) over the
+    flipped columns only (:meth:`SparseQ.flip_columns_` for binary masks), otherwise w is
+    recomputed by ``torch.mv`` (also every ``refresh_every`` incremental steps, bounding
+    float drift). With per-mini-batch resampling a free coordinate flips with probability
+    2p(1 − p), so about n/3 bits flip at p ~ U(0,1) (the full product is faster there) and
+    far fewer once most p sit at 0 or 1.
+
     With ``mask_frozen`` the backward computes Qᵀ·g only on columns with 0 < p < 1 (the
-    paper's gradient mask), over a cached column block rebuilt when the free set shrank by
-    ``rebuild_fraction``.
+    paper's gradient mask): when fewer than ``dense_backward_fraction``·n are free, over a
+    cached CSR block of the free columns (:meth:`SparseQ.free_block`), rebuilt when a column
+    outside it became free or the free set shrank by ``rebuild_fraction``; otherwise by the
+    full product, then masked.
+
+    ``fast=False`` disables both shortcuts (full product every step, full Qᵀ·g then masked):
+    the reference path the tests compare against.
 
     Args:
         q: the matrix.
         mask_frozen: zero the gradient where p is exactly 0 or 1 (Zampling's rule).
         scale_by_p: multiply the gradient by p (FedPM's estimator).
+        fast: use the incremental forward and the free-column backward.
+        incremental_fraction: largest share of flipped coordinates updated incrementally
+            (measured crossover with the full product: about 0.18 at m/n = 32, d = 10).
+        refresh_every: full recomputation after this many incremental updates.
+        rebuild_fraction: rebuild the free-column block when the free set shrank by this share.
+        dense_backward_fraction: use the full Qᵀ·g when at least this share of columns is free.
     """
 
     def __init__(
@@ -308,43 +395,68 @@ class ZampledWeights:
         *,
         mask_frozen: bool = True,
         scale_by_p: bool = False,
-        incremental_fraction: float = 0.02,
+        fast: bool = True,
+        incremental_fraction: float = 0.15,
         refresh_every: int = 256,
         rebuild_fraction: float = 0.1,
+        dense_backward_fraction: float = 0.9,
     ) -> None:
         self.q = q
         self.mask_frozen = mask_frozen
         self.scale_by_p = scale_by_p
-        self.incremental_fraction = incremental_fraction
+        self.fast = fast
+        self.incremental_fraction = incremental_fraction if fast else -1.0
         self.refresh_every = refresh_every
         self.rebuild_fraction = rebuild_fraction
+        self.dense_backward_fraction = dense_backward_fraction if fast else 0.0
         self.reset()
 
     def reset(self) -> None:
         """Forget the cached mask (call when Q's input changes discontinuously)."""
         self._z: Tensor | None = None
         self._w: Tensor | None = None
+        self._z_binary = False
         self._since_refresh = 0
         self._free: Tensor | None = None
-        self._block: tuple[Tensor, Tensor, int] | None = None  # (columns, CSR of Qᵀ[columns], free count)
-        self.stats = {"full": 0, "incremental": 0, "flipped": 0}
+        self._block: tuple[Tensor, Tensor, Tensor] | None = None  # (columns, membership, CSR block)
+        self.stats = {"full": 0, "incremental": 0, "flipped": 0, "block_builds": 0}
 
     def weights_for(self, z: Tensor) -> Tensor:
-        """Q·z, reusing the previous product when few coordinates changed (no autograd)."""
+        """Q·z, reusing the previous product when few coordinates changed (no autograd).
+
+        Every call returns a new tensor (the incremental path copies the cached w and updates
+        the copy), so a w still referenced by an autograd graph is never modified in place.
+        """
         z = z.detach()
-        if self._z is not None and self._since_refresh < self.refresh_every:
-            changed = torch.nonzero(z != self._z).squeeze(1)
-            if changed.numel() <= self.incremental_fraction * self.q.n:
-                assert self._w is not None
-                if changed.numel():
-                    self.q.add_columns_(self._w, changed, z[changed] - self._z[changed])
-                self._z = z.clone()
+        previous = self._z
+        binary = bool(((z == 0) | (z == 1)).all())
+        if previous is not None and self._w is not None and self._since_refresh < self.refresh_every:
+            if binary and self._z_binary:  # w ← w + Q[:, up]·1 − Q[:, down]·1
+                up, down = torch.nonzero(z > previous).squeeze(1), torch.nonzero(z < previous).squeeze(1)
+                num_changed = up.numel() + down.numel()
+                changed = None
+            else:  # a non-binary input (continuous model): the general update
+                changed = torch.nonzero(z != previous).squeeze(1)
+                num_changed = changed.numel()
+            if num_changed <= self.incremental_fraction * self.q.n:
+                w = self._w.clone()
+                if changed is None:
+                    self.q.flip_columns_(w, up, down)
+                elif num_changed:
+                    rows, vals = self.q.padded_columns()
+                    step = (z - previous).index_select(0, changed).to(vals.dtype)
+                    w.index_add_(
+                        0,
+                        rows.index_select(0, changed).view(-1),
+                        (vals.index_select(0, changed) * step.unsqueeze(1)).view(-1),
+                    )
+                self._w, self._z, self._z_binary = w, z.clone(), binary
                 self._since_refresh += 1
                 self.stats["incremental"] += 1
-                self.stats["flipped"] += int(changed.numel())
-                return self._w
+                self.stats["flipped"] += int(num_changed)
+                return w
         self._w = self.q.matvec(z)
-        self._z = z.clone()
+        self._z, self._z_binary = z.clone(), binary
         self._since_refresh = 0
         self.stats["full"] += 1
         return self._w
@@ -359,19 +471,22 @@ class ZampledWeights:
         if free is None:
             return self.q.rmatvec(g)
         num_free = int(free.sum())
-        if num_free == self.q.n:
-            return self.q.rmatvec(g)
+        if num_free >= self.dense_backward_fraction * self.q.n:
+            return self.q.rmatvec(g) * free.to(g.dtype)
         block = self._block
-        if block is None or num_free < (1.0 - self.rebuild_fraction) * block[2] or num_free > block[2]:
+        if (
+            block is None
+            or num_free < (1.0 - self.rebuild_fraction) * block[0].numel()
+            or bool((free & ~block[1]).any())
+        ):
             columns = torch.nonzero(free).squeeze(1)
-            ptr, rows, vals = self.q.column_block(columns)
-            csr = _csr_tensor(ptr.to(torch.int32), rows, vals, (columns.numel(), self.q.m))
-            block = self._block = (columns, csr, num_free)
-        columns, csr, _ = block
+            block = self._block = (columns, free.clone(), self.q.free_block(columns))
+            self.stats["block_builds"] += 1
+        columns, _, csr = block
         out = torch.zeros(self.q.n, dtype=g.dtype, device=g.device)
         if columns.numel():
-            out[columns] = (csr @ g.reshape(-1, 1)).reshape(-1)
-        return out * free.to(g.dtype)
+            out[columns] = torch.mv(csr, torch.cat([g.reshape(-1), g.new_zeros(1)]))
+        return out if num_free == columns.numel() else out * free.to(g.dtype)
 
     def __call__(self, p: Tensor, z: Tensor) -> Tensor:
         """w = Q·z whose gradient flows to ``p`` (straight-through, masked where p ∈ {0, 1})."""
