@@ -22,18 +22,25 @@ def test_experiment_config_composes(make_config: Callable[..., DictConfig], name
 
 
 @pytest.mark.parametrize(
-    ("name", "shrink"),
+    ("name", "shrink", "min_acc"),
     [
-        ("compression_mnist_quick", ["rounds=1", "eval_every=1", "data.max_train_samples=3000"]),
-        ("compression_mnist_bidir_quick", ["rounds=1", "eval_every=1", "data.max_train_samples=3000"]),
-        ("diana_digits_quick", ["rounds=3", "eval_every=3"]),
-        ("diana_synthetic_quick", ["rounds=3", "eval_every=3"]),
-        ("diana_golub_quick", ["rounds=3", "eval_every=3"]),
+        ("compression_mnist_quick", ["rounds=1", "eval_every=1", "data.max_train_samples=3000"], 0.2),
+        ("compression_mnist_bidir_quick", ["rounds=1", "eval_every=1", "data.max_train_samples=3000"], 0.2),
+        ("compression_emnist_quick", ["rounds=1", "eval_every=1", "data.test_from=train"], 0.04),  # 47 classes
+        ("compression_cifar10_quick", ["rounds=1", "eval_every=1", "data.cache_dir=''"], 0.1),
+        ("diana_digits_quick", ["rounds=3", "eval_every=3"], 0.2),
+        ("diana_synthetic_quick", ["rounds=3", "eval_every=3"], 0.2),
+        ("diana_golub_quick", ["rounds=3", "eval_every=3"], 0.2),
     ],
 )
 def test_quick_experiment_smoke(
-    make_config: Callable[..., DictConfig], shared_data_root: Path, tmp_path: Path, name: str, shrink: list[str]
+    make_config: Callable[..., DictConfig],
+    shared_data_root: Path,
+    tmp_path: Path,
+    name: str,
+    shrink: list[str],
+    min_acc: float,
 ) -> None:
     summary = run(make_config([f"+experiment={name}", f"data.root={shared_data_root}", *shrink]), tmp_path)
     assert summary["comm/uplink_bits_total"] > 0
-    assert summary["test/acc"] is not None and summary["test/acc"] > 0.1
+    assert summary["test/acc"] is not None and summary["test/acc"] > min_acc  # above chance (1/47 for EMNIST balanced, 1/10 otherwise)
