@@ -66,7 +66,6 @@ def _federated(make_config, root: Path, tmp_path: Path, compression: int, extra:
     return run(cfg, tmp_path)
 
 
-@pytest.mark.slow
 def test_federated_zampling_mnistfc_m_over_n_32(make_config, shared_data_root: Path, tmp_path: Path) -> None:
     s = _federated(make_config, shared_data_root, tmp_path, 32)
     assert s["test/acc"] >= 0.93
@@ -75,7 +74,6 @@ def test_federated_zampling_mnistfc_m_over_n_32(make_config, shared_data_root: P
     assert s["comm/uplink_compression"] == pytest.approx(32 * 266_610 / (266_610 // 32))
 
 
-@pytest.mark.slow
 def test_federated_zampling_mnistfc_m_over_n_8(make_config, shared_data_root: Path, tmp_path: Path) -> None:
     s = _federated(make_config, shared_data_root, tmp_path, 8, ["method.uplink=arithmetic"])
     assert s["test/acc_sampled_mean"] >= 0.955
