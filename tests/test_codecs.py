@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedlightning.compression.codecs import BFloat16Codec, BitPackCodec, Float16Codec, Float32Codec, codec_by_name
+from fedlightning.compression.codecs import BFloat16Codec, BitPackCodec, Float16Codec, Float32Codec
 from fedlightning.federated.message import Message
 from fedlightning.models import build_model
 
@@ -55,9 +55,3 @@ def test_bitpack_refuses_non_binary_values() -> None:
 def test_message_rejects_padding_beyond_one_byte() -> None:
     with pytest.raises(ValueError, match="whole bytes"):
         Message(payload=b"\x00\x00", num_bits=3, codec=BitPackCodec(), shape=(3,))
-
-
-def test_codec_by_name_names_the_choices() -> None:
-    assert codec_by_name("bfloat16").name == "bfloat16"
-    with pytest.raises(ValueError, match="float32"):
-        codec_by_name("float8")

@@ -13,15 +13,14 @@ True
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedlightning.federated.message import Codec, Message
+from fedlightning.federated.message import Message
 
-__all__ = ["BFloat16Codec", "BitPackCodec", "DenseCodec", "Float16Codec", "Float32Codec", "codec_by_name"]
+__all__ = ["BFloat16Codec", "BitPackCodec", "DenseCodec", "Float16Codec", "Float32Codec"]
 
 
 class DenseCodec:
@@ -94,19 +93,3 @@ class BitPackCodec:
     def analytic_bits(self, numel: int) -> int:
         """Bits of a mask with ``numel`` coordinates."""
         return numel
-
-
-_CODECS: dict[str, Callable[[], Codec]] = {
-    "float32": Float32Codec,
-    "float16": Float16Codec,
-    "bfloat16": BFloat16Codec,
-    "bitpack": BitPackCodec,
-}
-
-
-def codec_by_name(name: str) -> Codec:
-    """The codec called ``name`` (float32, float16, bfloat16, bitpack)."""
-    try:
-        return _CODECS[name]()
-    except KeyError:
-        raise ValueError(f"Unknown codec {name!r}; choose one of {sorted(_CODECS)}.") from None

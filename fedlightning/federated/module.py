@@ -36,6 +36,7 @@ from torchmetrics.regression import R2Score
 
 from fedlightning.compression.codecs import Float32Codec
 from fedlightning.errors import ConfigError, NonFiniteLossError
+from fedlightning.federated.aggregation import normalised_weights, weighted_mean
 from fedlightning.federated.batches import local_batches
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.hooks import ClientSampler, FederatedCallback
@@ -243,8 +244,6 @@ class FederatedModule(L.LightningModule):
 
     def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
         """Pseudo-gradient for the server optimiser: −(sample-weighted mean of client deltas)."""
-        from fedlightning.federated.aggregation import normalised_weights, weighted_mean
-
         weights = normalised_weights(torch.tensor([u.num_samples for u in uploads]))
         return -weighted_mean(torch.stack([u.update for u in uploads]), weights.to(self.device))
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 from torch import Tensor
 
 
@@ -70,8 +69,3 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(_to_cpu(v) for v in value)
     return value
-
-
-def zeros_like_on(tensor: Tensor) -> Callable[[], Tensor]:
-    """An ``init`` for :meth:`ClientStateStore.get_or_init` giving zeros shaped like ``tensor``."""
-    return lambda: torch.zeros_like(tensor)
