@@ -1,10 +1,11 @@
 """Zampling speed (arXiv 2503.14246): a training step and a federated round against FedAvg.
 
 Part 1 (``--kernels``), the Q·z and Qᵀ·g kernels alone at m/n = 32, d = 10 on mnistfc
-(m = 266,610, n = 8,331, 2.67 M non-zeros), one torch thread: ``torch.mv`` on the CSR layouts,
-the dense-index formulation (cols/vals of shape (m, d): gather z, multiply, sum; backward by
-``index_add_``/``bincount``), ``segment_reduce`` over the CSC, ``torch.mv`` on a transposed
-CSR, and the incremental update over the padded column table at several flip shares.
+(m = 266,610, n = 8,331, 2.67 M non-zeros), one thread: the compiled slab kernels against
+``torch.mv`` on the CSR layouts, the dense-index formulation (cols/vals of shape (m, d):
+gather z, multiply, sum; backward by ``index_add_``/``bincount``), ``segment_reduce`` over the
+CSC, and the incremental update (compiled, and ``index_add_`` over the padded column table)
+and the free-column backward at several shares.
 
 Part 2, one local step of the 784-300-100-10 MLP (mnistfc) at batch 128, forward + backward +
 optimiser step, one torch thread:
@@ -12,13 +13,14 @@ optimiser step, one torch thread:
 * plain: the MLP with its own weights, SGD;
 * zampling: sample z ~ Bernoulli(clip(s)), w = Q·z, functional forward, backward Qᵀ·g, Adam
   on s; m/n = 32, d = 10; with the fast path (incremental Q·z when few bits flipped,
-  free-column backward) and the reference path (``ZampledWeights(fast=False)``: full
-  products every step); p as at round 0 (p ~ U(0,1), nothing frozen) and as after ~10
-  federated rounds (80% of p exactly 0 or 1, the rest on the 1/10 lattice).
+  free-column backward) on the compiled kernels (the default on the CPU) and on ``torch.mv``
+  (``backend="torch"``), and the reference path (``ZampledWeights(fast=False)``: full
+  ``torch.mv`` products every step); p as at round 0 (p ~ U(0,1), nothing frozen) and as
+  after ~10 federated rounds (80% of p exactly 0 or 1, the rest on the 1/10 lattice).
 
 Part 3, federated rounds through the engine (10 IID MNIST clients, ~5,400 samples each,
 1 local epoch): FedAvg (batch 32, its default; and batch 128) against Federated Zampling
-(batch 128, the paper's; with the fast and with the reference Q·z path). Each repetition
+(batch 128, the paper's; with the three Q·z paths above). Each repetition
 runs one round of every method in turn, each continuing from its own state (a fresh Trainer
 per round, so every round is round index 0 for the random streams; p keeps polarising from
 one repetition to the next).
@@ -48,6 +50,19 @@ from fedlightning.methods.zampling import Zampling, frozen_fraction, probability
 from fedlightning.models import build_model
 from fedlightning.models.zampling import SparseQ, ZampledNetwork, ZampledWeights, row_fan_in, zampling_q
 from fedlightning.sampling import FullParticipation
+
+PATHS: dict[str, dict[str, Any]] = {
+    "fast": {},  # the default: incremental Q·z and free-column Qᵀ·g, compiled kernels on the CPU
+    "fast_torch": {"backend": "torch"},  # the same shortcuts on torch.mv / index_add_
+    "reference": {"fast": False},  # full torch.mv products every step
+}
+
+# (name, share of p frozen at 0/1 at the start, Adam lr). "unfrozen" and "polarised" hold p
+# (a tiny lr), so every repetition sees that state: round 0 with nothing frozen, the worst
+# case, and the state after ~10 federated rounds. "round0" is a continuing run at the
+# paper's lr 0.1 from p ~ U(0,1), as a client's first local epoch: its clip freezes
+# coordinates within a few steps, so the timed steps (after 5 warm-up steps) are a mix.
+STATES: tuple[tuple[str, float, float], ...] = (("unfrozen", 0.0, 1e-6), ("round0", 0.0, 0.1), ("polarised", 0.8, 1e-4))
 
 
 def _interleaved_median_ms(fns: dict[str, Any], repeats: int) -> dict[str, float]:
@@ -97,11 +112,13 @@ def kernel_benchmark(repeats: int) -> dict[str, float]:
     g_ext = torch.cat([g, torch.zeros(1)])
     full_block = q.free_block(all_columns)
     fns: dict[str, Any] = {
-        "fwd csr mv (torch.mv)": lambda: q.matvec(z),
+        "fwd compiled slabs (default on the CPU)": lambda: q.matvec(z),
+        "fwd csr mv (torch.mv)": lambda: q.matvec(z, backend="torch"),
         "fwd csr @ z[:, None]": lambda: q.csr @ z.reshape(-1, 1),
         "fwd dense-index (vals * z[cols]).sum(1)": lambda: (q.vals * z[q.cols]).sum(1),
+        "bwd compiled slabs (default on the CPU)": lambda: q.rmatvec(g),
         "bwd csr-of-Qt mv (torch.mv)": lambda: torch.mv(q.csr_t, g),
-        "bwd csr-of-Qt @ g[:, None]": lambda: q.rmatvec(g),
+        "bwd csr-of-Qt @ g[:, None]": lambda: q.rmatvec(g, backend="torch"),
         "bwd free-column CSR block, all columns": lambda: torch.mv(full_block, g_ext),
         "bwd dense-index index_add_": lambda: torch.zeros(n).index_add_(0, cols, (q.vals * g[:, None]).view(-1)),
         "bwd dense-index bincount(weights)": lambda: torch.bincount(cols, (q.vals * g[:, None]).view(-1), n),
@@ -112,10 +129,11 @@ def kernel_benchmark(repeats: int) -> dict[str, float]:
     w = torch.zeros(m)
     for share in (0.02, 0.05, 0.1, 0.15, 0.2, 0.33):
         flips = torch.nonzero(torch.rand(n, generator=gen) < share).squeeze(1)
-        up, down = flips[z[flips] == 0], flips[z[flips] == 1]
-        fns[f"fwd incremental (copy w + flips), {100 * share:.0f}% flipped"] = lambda up=up, down=down: q.flip_columns_(
-            w.clone(), up, down
-        )
+        coef = 1 - 2 * z[flips]  # +1 for 0 → 1, −1 for 1 → 0
+        for backend in ("compiled", "torch"):
+            fns[f"fwd incremental {backend} (copy w + flips), {100 * share:.0f}% flipped"] = (
+                lambda flips=flips, coef=coef, backend=backend: q.add_columns_(w.clone(), flips, coef, backend=backend)
+            )
     for share in (0.5, 0.2, 0.1):
         columns = torch.nonzero(torch.rand(n, generator=gen) < share).squeeze(1)
         block = q.free_block(columns)
@@ -125,7 +143,7 @@ def kernel_benchmark(repeats: int) -> dict[str, float]:
 
 
 def step_benchmark(repeats: int) -> dict[str, float]:
-    """Median ms of one training step: plain MLP vs Zampling (fast and reference; fresh and polarised p)."""
+    """Median ms of one training step: plain MLP vs Zampling (every path of PATHS, every state of STATES)."""
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(128, 1, 28, 28, generator=gen), torch.randint(0, 10, (128,), generator=gen)
     model, q = _mnistfc_q()
@@ -138,14 +156,14 @@ def step_benchmark(repeats: int) -> dict[str, float]:
 
     fns: dict[str, Any] = {"plain_ms": plain}
     all_weights: dict[str, ZampledWeights] = {}
+    scores: dict[str, torch.Tensor] = {}
     net = ZampledNetwork(model)
-    for state, frozen_share in (("fresh", 0.0), ("polarised", 0.8)):
+    for state, frozen_share, lr in STATES:
         p0 = _polarised_p(q.n, frozen_share, gen)
-        for path in ("fast", "reference"):
+        for path in PATHS:
             s = p0.clone().requires_grad_(True)
-            # the polarised state is held (tiny lr) so that every repetition sees it
-            adam = torch.optim.Adam([s], lr=0.1 if not frozen_share else 1e-4)
-            weights = ZampledWeights(q, fast=path == "fast")
+            adam = torch.optim.Adam([s], lr=lr)
+            weights = ZampledWeights(q, **PATHS[path])
             mask_gen = torch.Generator().manual_seed(1)
 
             def step(
@@ -164,6 +182,7 @@ def step_benchmark(repeats: int) -> dict[str, float]:
             label = f"zampling_{state}_{path}_ms"
             fns[label] = step
             all_weights[label] = weights
+            scores[label] = s
     results = _interleaved_median_ms(fns, repeats)
     for label, weights in all_weights.items():
         done = max(1, weights.stats["incremental"] + weights.stats["full"])
@@ -171,6 +190,8 @@ def step_benchmark(repeats: int) -> dict[str, float]:
         results[label.replace("_ms", "_flipped_share")] = weights.stats["flipped"] / max(
             1, weights.stats["incremental"] * weights.q.n
         )
+        final_p = probability_from_score(scores[label].detach(), "zampling")
+        results[label.replace("_ms", "_frozen_after")] = frozen_fraction(final_p)
     return results
 
 
@@ -188,12 +209,13 @@ class _Timer(L.Callback):
 def _one_round(module: L.LightningModule) -> float:
     """Seconds of one federated round (the training batch) of ``module`` under a fresh Trainer.
 
-    A module flagged ``_speed_reference`` runs with the reference Q·z path: the method's
-    ``ZampledWeights`` is swapped for ``ZampledWeights(fast=False)`` during its round only.
+    A module with a ``_speed_path`` (a key of :data:`PATHS`) runs its round with the method's
+    ``ZampledWeights`` swapped for ``ZampledWeights(**PATHS[path])``.
     """
-    if getattr(module, "_speed_reference", False):
+    path = getattr(module, "_speed_path", None)
+    if path is not None:
         original = zampling_method.ZampledWeights
-        zampling_method.ZampledWeights = functools.partial(original, fast=False)  # type: ignore[misc]
+        zampling_method.ZampledWeights = functools.partial(original, **PATHS[path])  # type: ignore[misc]
         try:
             return _one_round_timed(module)
         finally:
@@ -230,15 +252,16 @@ def round_benchmark(data_root: str, rounds: int) -> dict[str, list[float]]:
     modules: dict[str, L.LightningModule] = {
         "fedavg_b32": FedAvg(model=mnistfc(), datamodule=dm, client_optimizer=sgd),
         "fedavg_b128": FedAvg(model=mnistfc(), datamodule=dm, client_optimizer=sgd, batch_size=128),
-        "zampling_b128": Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=128),
-        "zampling_b128_reference": Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=128),
     }
-    modules["zampling_b128_reference"]._speed_reference = True
+    for path in PATHS:
+        module = Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=128)
+        module._speed_path = path
+        modules[f"zampling_b128_{path}"] = module
     out: dict[str, list[float]] = {name: [] for name in modules}
     for _ in range(rounds):
         for name, module in modules.items():
             out[name].append(_one_round(module))
-    zampling = modules["zampling_b128"]
+    zampling = modules["zampling_b128_fast"]
     assert isinstance(zampling, Zampling)
     out["zampling_frozen_fraction_after"] = [frozen_fraction(zampling.p.detach())]
     return out
@@ -259,14 +282,15 @@ def main() -> None:
     steps = step_benchmark(args.repeats)
     plain = steps["plain_ms"]
     print(f"plain mnistfc step, batch 128: {plain:.2f} ms  ({args.repeats} interleaved repetitions, medians)")
-    for state in ("fresh", "polarised"):
-        for path in ("fast", "reference"):
+    for state, _, _ in STATES:
+        for path in PATHS:
             key = f"zampling_{state}_{path}"
             ms = steps[f"{key}_ms"]
             print(
-                f"zampling step, {state:9s} p, {path:9s} path: {ms:6.2f} ms  ratio {ms / plain:.2f}x"
+                f"zampling step, {state:9s} p, {path:10s} path: {ms:6.2f} ms  ratio {ms / plain:.2f}x"
                 f"  (incremental Q·z on {100 * steps[key + '_incremental_share']:.0f}% of steps,"
-                f" {100 * steps[key + '_flipped_share']:.1f}% of bits flipped on those)"
+                f" {100 * steps[key + '_flipped_share']:.1f}% of bits flipped on those;"
+                f" {100 * steps[key + '_frozen_after']:.0f}% of p frozen at the end)"
             )
     if args.rounds < 1:
         return
@@ -274,7 +298,7 @@ def main() -> None:
     base = statistics.median(rounds["fedavg_b32"])
     b128 = statistics.median(rounds["fedavg_b128"])
     print(f"federated rounds ({args.rounds} interleaved repetitions), seconds:")
-    for key in ("fedavg_b32", "fedavg_b128", "zampling_b128", "zampling_b128_reference"):
+    for key in ("fedavg_b32", "fedavg_b128", *(f"zampling_b128_{path}" for path in PATHS)):
         times = rounds[key]
         med = statistics.median(times)
         print(

@@ -92,11 +92,43 @@ def _tiny_q() -> SparseQ:
     return SparseQ(cols=torch.tensor([[0, 2], [1, 2]]), vals=torch.tensor([[2.0, 1.0], [3.0, -1.0]]), n=3)
 
 
-def test_q_products_by_hand() -> None:
+@pytest.mark.parametrize("backend", ["compiled", "torch"])
+def test_q_products_by_hand(backend: str) -> None:
     q = _tiny_q()  # Q = [[2, 0, 1], [0, 3, -1]]
-    assert q.matvec(torch.tensor([1.0, 1.0, 0.0])).tolist() == [2.0, 3.0]
-    assert q.rmatvec(torch.tensor([1.0, 2.0])).tolist() == [2.0, 6.0, -1.0]
+    assert q.matvec(torch.tensor([1.0, 1.0, 0.0]), backend=backend).tolist() == [2.0, 3.0]
+    assert q.rmatvec(torch.tensor([1.0, 2.0]), backend=backend).tolist() == [2.0, 6.0, -1.0]
     assert torch.equal(q.to_dense(), torch.tensor([[2.0, 0.0, 1.0], [0.0, 3.0, -1.0]]))
+    w = torch.tensor([2.0, 3.0])  # Q·(1, 1, 0); z → (0, 1, 1): column 2 up, column 0 down
+    q.add_columns_(w, torch.tensor([2, 0]), torch.tensor([1.0, -1.0]), backend=backend)
+    assert w.tolist() == [1.0, 2.0]
+    w = torch.tensor([2.0, 3.0])  # a continuous step: z (1, 1, 0) → (0.5, 1, 0.25)
+    q.add_columns_(w, torch.tensor([0, 2]), torch.tensor([-0.5, 0.25]), backend=backend)
+    assert w.tolist() == [1.25, 2.75]
+
+
+@pytest.mark.parametrize("n", [510, 70_000])  # uint16 and uint32 column indices in the slabs
+def test_compiled_kernels_equal_the_torch_products(n: int) -> None:
+    fan = torch.full((3000,), 50.0)
+    q = zampling_q(fan, n=n, d=7, seed=9)
+    assert q.slabs()[0].dtype.name == ("uint16" if n <= 2**16 else "uint32")
+    gen = torch.Generator().manual_seed(0)
+    z = torch.bernoulli(torch.full((n,), 0.5), generator=gen)
+    g = torch.randn(3000, generator=gen)
+    exact_w = (q.vals.double() * z.double()[q.cols]).sum(1)  # row by row, in float64
+    assert torch.allclose(q.matvec(z, backend="compiled").double(), exact_w, atol=1e-6)
+    assert torch.allclose(q.matvec(z, backend="torch").double(), exact_w, atol=1e-6)
+    assert torch.allclose(q.rmatvec(g, backend="compiled"), q.rmatvec(g, backend="torch"), atol=1e-6)
+    columns = torch.nonzero(torch.rand(n, generator=gen) < 0.1).squeeze(1)
+    coef = torch.randn(columns.numel(), generator=gen)
+    compiled, reference = torch.zeros(3000), torch.zeros(3000)
+    q.add_columns_(compiled, columns, coef, backend="compiled")
+    q.add_columns_(reference, columns, coef, backend="torch")
+    assert torch.allclose(compiled, reference, atol=1e-6)
+
+
+def test_unknown_q_backend_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="Q backend 'cuda'"):
+        _tiny_q().matvec(torch.ones(3), backend="cuda")  # type: ignore[arg-type]
 
 
 def test_continuous_model_gives_w_equal_q_p_exactly() -> None:
@@ -343,7 +375,8 @@ def test_sensitivity_study_logs_a_row_per_tau(make_config, tmp_path: Path) -> No
     assert s["test/sensitivity/0.5/sensitivity_expected"] == 0.0
 
 
-def test_fast_path_matches_reference_over_a_training_run() -> None:
+@pytest.mark.parametrize("backend", ["compiled", "torch"])
+def test_fast_path_matches_reference_over_a_training_run(backend: str) -> None:
     """The incremental Q·z and the free-column Qᵀ·g equal the full products (fast=False) step by step.
 
     A Local-Zampling-like loop on the small MLP at m/n = 32, d = 10: p starts 80% frozen (few
@@ -359,7 +392,7 @@ def test_fast_path_matches_reference_over_a_training_run() -> None:
     p0 = torch.where(torch.rand(510, generator=gen) < 0.8, torch.round(p0), p0)
     s = p0.clone().requires_grad_(True)
     adam = torch.optim.Adam([s], lr=0.02)
-    fast, reference = ZampledWeights(q), ZampledWeights(q, fast=False)
+    fast, reference = ZampledWeights(q, backend=backend), ZampledWeights(q, fast=False)
     for step in range(120):
         if step == 60:
             with torch.no_grad():  # release a third of the frozen columns
@@ -403,13 +436,10 @@ def test_incremental_drift_is_bounded_over_many_steps() -> None:
     assert float((w.double() - exact).abs().max()) < 1e-5
 
 
-def test_padded_columns_and_flips_by_hand() -> None:
+def test_padded_columns_and_free_block_by_hand() -> None:
     q = _tiny_q()  # Q = [[2, 0, 1], [0, 3, -1]]
     rows, vals = q.padded_columns()
     assert rows.tolist() == [[0, 0], [1, 0], [0, 1]]  # column-major, padded with row 0 / value 0
     assert vals.tolist() == [[2.0, 0.0], [3.0, 0.0], [1.0, -1.0]]
-    w = torch.tensor([2.0, 3.0])  # Q·(1, 1, 0)
-    q.flip_columns_(w, up=torch.tensor([2]), down=torch.tensor([0]))  # z → (0, 1, 1)
-    assert w.tolist() == [1.0, 2.0]
     block = q.free_block(torch.tensor([1, 2]))
     assert torch.mv(block, torch.tensor([1.0, 2.0, 0.0])).tolist() == [6.0, -1.0]

@@ -12,15 +12,13 @@ arXiv 2503.14246 (§"Our Framework"). Names follow the paper:
 * ``z`` ∈ {0,1}^n: a mask sampled from Bernoulli(p); the network's weights are w = Q·z
   (the *expected network* uses w = Q·p).
 
-Q is stored in compressed-sparse-row form with int32 indices (rows of Q and rows of Qᵀ)
-and, built on first use, as a padded column-major table (for each of the n columns its row
-indices and values, padded with zeros to the longest column), so memory is O(m·d).
-:class:`ZampledWeights` computes w for consecutive masks incrementally (w ← w + Q·(z_new −
-z_old): one ``index_add_`` over the padded columns that flipped, split into 0→1 and 1→0
-flips so no multiply is needed), and its backward pass computes Qᵀ·∂L/∂w only for the
-columns that are still free (0 < p < 1), over a cached CSR block of those padded columns.
-Full products use ``torch.mv`` on the CSR layouts, which measured fastest at one thread
-(``benchmarks/zampling_speed.py --kernels``).
+Q is stored by row as (d, m) slabs and by column (CSC), each O(m·d). :class:`ZampledWeights`
+computes w for consecutive masks incrementally (w ← w + Q·(z_new − z_old) over the columns
+that changed), and its backward pass computes Qᵀ·∂L/∂w only for the columns that are still
+free (0 < p < 1). On the CPU the products run on compiled kernels
+(:mod:`fedlightning.models.zampling_kernels`); on other devices, and on the reference path
+the tests compare against, on ``torch.mv`` over CSR layouts
+(``benchmarks/zampling_speed.py --kernels`` measures every formulation).
 
 Example:
     >>> from fedlightning.models.mlp import MLP
@@ -36,7 +34,10 @@ import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
@@ -160,9 +161,17 @@ def draw_distinct_columns(m: int, n: int, d: int, generator: torch.Generator) ->
         cols = cols.sort(dim=1).values
 
 
+Backend = Literal["auto", "compiled", "torch"]
+
+
 @dataclass
 class SparseQ:
-    """The m × n matrix Q with exactly ``d`` non-zeros per row, in two CSR layouts.
+    """The m × n matrix Q with exactly ``d`` non-zeros per row.
+
+    Products run on compiled kernels (:mod:`fedlightning.models.zampling_kernels`) for CPU
+    tensors, over the (d, m) slab layout and the CSC of Q, and on ``torch.mv`` over CSR
+    layouts elsewhere (GPU) or when asked (``backend="torch"``, the reference path). Every
+    layout is O(m·d) and built on first use.
 
     Attributes:
         cols: (m, d) int64 column indices of each row (sorted, distinct).
@@ -178,21 +187,60 @@ class SparseQ:
         m, d = self.cols.shape
         self.m, self.d = int(m), int(d)
         flat_cols = self.cols.reshape(-1)
-        flat_vals = self.vals.reshape(-1).to(torch.float32)
-        crow = torch.arange(0, self.m * self.d + 1, self.d, dtype=torch.int32)
-        self.csr = _csr_tensor(crow, flat_cols.to(torch.int32), flat_vals, (self.m, self.n))
         order = torch.argsort(flat_cols, stable=True)
         counts = torch.bincount(flat_cols, minlength=self.n)
-        self.col_ptr = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
-        self.col_rows = (order // self.d).to(torch.int32)  # row of each entry, column-major
-        self.col_vals = flat_vals[order]
-        self.csr_t = _csr_tensor(self.col_ptr.to(torch.int32), self.col_rows, self.col_vals, (self.n, self.m))
+        self.col_ptr = torch.cat([torch.zeros(1, dtype=torch.int64, device=counts.device), counts.cumsum(0)])
+        self.col_rows = (order // self.d).to(torch.int32)  # row of each entry, column-major (CSC)
+        self.col_vals = self.vals.reshape(-1).to(torch.float32)[order]
+        self._csr: Tensor | None = None
+        self._csr_t: Tensor | None = None
+        self._slabs: tuple[np.ndarray, np.ndarray] | None = None
         self._padded: tuple[Tensor, Tensor] | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         """(m, n)."""
         return (self.m, self.n)
+
+    @property
+    def csr(self) -> Tensor:
+        """Q as a sparse CSR tensor (int32 indices)."""
+        if self._csr is None:
+            crow = torch.arange(0, self.m * self.d + 1, self.d, dtype=torch.int32, device=self.cols.device)
+            flat = self.cols.reshape(-1).to(torch.int32)
+            self._csr = _csr_tensor(crow, flat, self.vals.reshape(-1).to(torch.float32), (self.m, self.n))
+        return self._csr
+
+    @property
+    def csr_t(self) -> Tensor:
+        """Qᵀ as a sparse CSR tensor (the CSC of Q)."""
+        if self._csr_t is None:
+            self._csr_t = _csr_tensor(self.col_ptr.to(torch.int32), self.col_rows, self.col_vals, (self.n, self.m))
+        return self._csr_t
+
+    def slabs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cols_t, vals_t), each (d, m): the k-th non-zero of every row; unsigned column indices.
+
+        >>> q = SparseQ(cols=torch.tensor([[0, 2], [1, 2]]), vals=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), n=3)
+        >>> cols_t, vals_t = q.slabs()
+        >>> cols_t.tolist(), cols_t.dtype.name, vals_t.tolist()
+        ([[0, 1], [2, 2]], 'uint16', [[1.0, 3.0], [2.0, 4.0]])
+        """
+        if self._slabs is None:
+            index = np.uint16 if self.n <= 2**16 else np.uint32
+            cols_t = np.ascontiguousarray(self.cols.cpu().numpy().T, dtype=index)
+            vals_t = np.ascontiguousarray(self.vals.cpu().to(torch.float32).numpy().T)
+            self._slabs = (cols_t, vals_t)
+        return self._slabs
+
+    def compiled(self, backend: Backend = "auto") -> bool:
+        """Whether products run on the compiled kernels: CPU tensors unless ``backend="torch"``."""
+        if backend not in ("auto", "compiled", "torch"):
+            raise ConfigError(f"Unknown Q backend {backend!r}; use 'auto', 'compiled' or 'torch'.")
+        on_cpu = self.cols.device.type == "cpu"
+        if backend == "compiled" and not on_cpu:
+            raise ConfigError("The compiled Q kernels run on the CPU only; use backend='auto' on a GPU.")
+        return on_cpu and backend != "torch"
 
     def row_degree(self) -> Tensor:
         """Number of distinct column indices of each row (exactly d by construction)."""
@@ -204,13 +252,25 @@ class SparseQ:
         dense.scatter_add_(1, self.cols, self.vals.to(torch.float32))
         return dense
 
-    def matvec(self, z: Tensor) -> Tensor:
-        """Q·z for a length-n vector (``torch.mv`` on the CSR: faster than a one-column ``@`` here)."""
-        return torch.mv(self.csr, z.reshape(-1).to(torch.float32))
+    def matvec(self, z: Tensor, *, backend: Backend = "auto") -> Tensor:
+        """Q·z for a length-n vector (float32)."""
+        z = z.detach().reshape(-1).to(torch.float32)
+        if not self.compiled(backend):
+            return torch.mv(self.csr, z)  # faster than a one-column ``@`` (measured)
+        out = torch.empty(self.m)
+        cols_t, vals_t = self.slabs()
+        _kernels().slab_matvec(cols_t, vals_t, z.contiguous().numpy(), out.numpy())
+        return out
 
-    def rmatvec(self, g: Tensor) -> Tensor:
-        """Qᵀ·g for a length-m vector."""
-        return (self.csr_t @ g.reshape(-1, 1)).reshape(-1)
+    def rmatvec(self, g: Tensor, *, backend: Backend = "auto") -> Tensor:
+        """Qᵀ·g for a length-m vector (float32)."""
+        g = g.detach().reshape(-1).to(torch.float32)
+        if not self.compiled(backend):
+            return (self.csr_t @ g.reshape(-1, 1)).reshape(-1)
+        out = torch.empty(self.n)
+        cols_t, vals_t = self.slabs()
+        _kernels().slab_rmatvec(cols_t, vals_t, g.contiguous().numpy(), out.numpy())
+        return out
 
     def column_block(self, columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(ptr, rows, vals) of the CSR of Qᵀ restricted to ``columns`` (int64, sorted or not)."""
@@ -221,11 +281,33 @@ class SparseQ:
         positions = torch.repeat_interleave(self.col_ptr[columns], counts) + offsets
         return ptr, self.col_rows[positions], self.col_vals[positions]
 
-    def add_columns_(self, w: Tensor, columns: Tensor, delta: Tensor) -> None:
-        """w ← w + Q[:, columns]·delta in place (the incremental update for flipped bits)."""
-        ptr, rows, vals = self.column_block(columns)
-        counts = ptr[1:] - ptr[:-1]
-        w.index_add_(0, rows.to(torch.int64), vals * torch.repeat_interleave(delta.to(vals.dtype), counts))
+    def add_columns_(self, w: Tensor, columns: Tensor, coef: Tensor, *, backend: Backend = "auto") -> None:
+        """w ← w + Σ_t coef[t]·Q[:, columns[t]] in place (the incremental update for changed z).
+
+        >>> q = SparseQ(cols=torch.tensor([[0], [0], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
+        >>> w = torch.zeros(3)
+        >>> q.add_columns_(w, torch.tensor([0, 1]), torch.tensor([1.0, -1.0]))  # z: (0, 1) → (1, 0)
+        >>> w.tolist()
+        [1.0, 2.0, -3.0]
+        """
+        if not columns.numel():
+            return
+        if self.compiled(backend) and w.dtype == torch.float32 and w.is_contiguous():
+            _kernels().add_columns(
+                self.col_ptr.numpy(),
+                self.col_rows.numpy().view(np.uint32),
+                self.col_vals.numpy(),
+                columns.to(torch.int64).numpy(),
+                coef.to(torch.float32).numpy(),
+                w.numpy(),
+            )
+            return
+        rows, vals = self.padded_columns()
+        w.index_add_(
+            0,
+            rows.index_select(0, columns).view(-1),
+            (vals.index_select(0, columns) * coef.to(vals.dtype).unsqueeze(1)).view(-1),
+        )
 
     def padded_columns(self) -> tuple[Tensor, Tensor]:
         """Column-major table of Q: (rows, vals), each (n, L), L the largest column count.
@@ -254,26 +336,6 @@ class SparseQ:
             self._padded = (rows, vals)
         return self._padded
 
-    def flip_columns_(self, w: Tensor, up: Tensor, down: Tensor) -> None:
-        """w ← w + Σ_{j∈up} Q[:, j] − Σ_{j∈down} Q[:, j] in place (length-m ``w``).
-
-        The binary-mask incremental update: ``up`` are the columns whose bit went 0 → 1,
-        ``down`` those that went 1 → 0. Gathers their padded columns (contiguous rows of the
-        table) and scatters them with one ``index_add_`` each (the padding adds 0.0 to w[0]).
-
-        >>> q = SparseQ(cols=torch.tensor([[0], [0], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
-        >>> w = torch.zeros(3)
-        >>> q.flip_columns_(w, up=torch.tensor([0]), down=torch.tensor([1]))
-        >>> w.tolist()
-        [1.0, 2.0, -3.0]
-        """
-        rows, vals = self.padded_columns()
-        for columns, alpha in ((up, 1.0), (down, -1.0)):
-            if columns.numel():
-                w.index_add_(
-                    0, rows.index_select(0, columns).view(-1), vals.index_select(0, columns).view(-1), alpha=alpha
-                )
-
     def free_block(self, columns: Tensor) -> Tensor:
         """CSR of Qᵀ restricted to ``columns``, over whole padded columns: shape (len(columns), m + 1).
 
@@ -292,6 +354,13 @@ class SparseQ:
     def to(self, device: torch.device | str) -> SparseQ:
         """A copy on ``device``."""
         return SparseQ(cols=self.cols.to(device), vals=self.vals.to(device), n=self.n)
+
+
+def _kernels() -> ModuleType:
+    """The compiled kernels, imported on first use (numba's import and compilation are not free)."""
+    from fedlightning.models import zampling_kernels
+
+    return zampling_kernels
 
 
 def zampling_q(fan_in: Tensor, *, n: int, d: int, seed: int) -> SparseQ:
@@ -362,11 +431,11 @@ class ZampledWeights:
 
     Keeps the last mask and its w; a new mask that differs in at most
     ``incremental_fraction``·n coordinates is applied as w ← w + Q·(z_new − z_old) over the
-    flipped columns only (:meth:`SparseQ.flip_columns_` for binary masks), otherwise w is
-    recomputed by ``torch.mv`` (also every ``refresh_every`` incremental steps, bounding
-    float drift). With per-mini-batch resampling a free coordinate flips with probability
-    2p(1 − p), so about n/3 bits flip at p ~ U(0,1) (the full product is faster there) and
-    far fewer once most p sit at 0 or 1.
+    changed columns only (:meth:`SparseQ.add_columns_`), otherwise w is recomputed in full
+    (also every ``refresh_every`` incremental steps, bounding float drift). With
+    per-mini-batch resampling a free coordinate flips with probability 2p(1 − p), so about
+    n/3 bits flip at p ~ U(0,1) (the full product is faster there) and far fewer once most p
+    sit at 0 or 1.
 
     With ``mask_frozen`` the backward computes Qᵀ·g only on columns with 0 < p < 1 (the
     paper's gradient mask): when fewer than ``dense_backward_fraction``·n are free, over a
@@ -374,19 +443,23 @@ class ZampledWeights:
     outside it became free or the free set shrank by ``rebuild_fraction``; otherwise by the
     full product, then masked.
 
-    ``fast=False`` disables both shortcuts (full product every step, full Qᵀ·g then masked):
-    the reference path the tests compare against.
+    ``fast=False`` disables both shortcuts and uses ``torch.mv`` on CSR for the full products
+    every step (full Qᵀ·g, then masked): an independent reference path for the tests.
 
     Args:
         q: the matrix.
         mask_frozen: zero the gradient where p is exactly 0 or 1 (Zampling's rule).
         scale_by_p: multiply the gradient by p (FedPM's estimator).
         fast: use the incremental forward and the free-column backward.
-        incremental_fraction: largest share of flipped coordinates updated incrementally
-            (measured crossover with the full product: about 0.18 at m/n = 32, d = 10).
+        backend: ``"auto"`` (compiled kernels on the CPU, ``torch.mv`` elsewhere), ``"compiled"``
+            or ``"torch"``; the reference path (``fast=False``) always uses ``"torch"``.
+        incremental_fraction: largest share of changed coordinates updated incrementally;
+            ``None``: 0.3 with the compiled kernels, 0.15 with ``torch`` (the measured crossovers
+            with the full product at m/n = 32, d = 10).
         refresh_every: full recomputation after this many incremental updates.
         rebuild_fraction: rebuild the free-column block when the free set shrank by this share.
-        dense_backward_fraction: use the full Qᵀ·g when at least this share of columns is free.
+        dense_backward_fraction: use the full Qᵀ·g when at least this share of columns is free;
+            ``None``: 0.45 with the compiled kernels, 0.9 with ``torch.mv`` (measured crossovers).
     """
 
     def __init__(
@@ -396,18 +469,25 @@ class ZampledWeights:
         mask_frozen: bool = True,
         scale_by_p: bool = False,
         fast: bool = True,
-        incremental_fraction: float = 0.15,
+        backend: Backend = "auto",
+        incremental_fraction: float | None = None,
         refresh_every: int = 256,
         rebuild_fraction: float = 0.1,
-        dense_backward_fraction: float = 0.9,
+        dense_backward_fraction: float | None = None,
     ) -> None:
         self.q = q
         self.mask_frozen = mask_frozen
         self.scale_by_p = scale_by_p
         self.fast = fast
+        self.backend: Backend = backend if fast else "torch"
+        compiled = q.compiled(self.backend)
+        if incremental_fraction is None:
+            incremental_fraction = 0.3 if compiled else 0.15
         self.incremental_fraction = incremental_fraction if fast else -1.0
         self.refresh_every = refresh_every
         self.rebuild_fraction = rebuild_fraction
+        if dense_backward_fraction is None:
+            dense_backward_fraction = 0.45 if compiled else 0.9
         self.dense_backward_fraction = dense_backward_fraction if fast else 0.0
         self.reset()
 
@@ -415,7 +495,6 @@ class ZampledWeights:
         """Forget the cached mask (call when Q's input changes discontinuously)."""
         self._z: Tensor | None = None
         self._w: Tensor | None = None
-        self._z_binary = False
         self._since_refresh = 0
         self._free: Tensor | None = None
         self._block: tuple[Tensor, Tensor, Tensor] | None = None  # (columns, membership, CSR block)
@@ -427,36 +506,20 @@ class ZampledWeights:
         Every call returns a new tensor (the incremental path copies the cached w and updates
         the copy), so a w still referenced by an autograd graph is never modified in place.
         """
-        z = z.detach()
+        z = z.detach().to(torch.float32)
         previous = self._z
-        binary = bool(((z == 0) | (z == 1)).all())
-        if previous is not None and self._w is not None and self._since_refresh < self.refresh_every:
-            if binary and self._z_binary:  # w ← w + Q[:, up]·1 − Q[:, down]·1
-                up, down = torch.nonzero(z > previous).squeeze(1), torch.nonzero(z < previous).squeeze(1)
-                num_changed = up.numel() + down.numel()
-                changed = None
-            else:  # a non-binary input (continuous model): the general update
-                changed = torch.nonzero(z != previous).squeeze(1)
-                num_changed = changed.numel()
-            if num_changed <= self.incremental_fraction * self.q.n:
+        if self.fast and previous is not None and self._w is not None and self._since_refresh < self.refresh_every:
+            changed = torch.nonzero(z != previous).squeeze(1)
+            if changed.numel() <= self.incremental_fraction * self.q.n:
                 w = self._w.clone()
-                if changed is None:
-                    self.q.flip_columns_(w, up, down)
-                elif num_changed:
-                    rows, vals = self.q.padded_columns()
-                    step = (z - previous).index_select(0, changed).to(vals.dtype)
-                    w.index_add_(
-                        0,
-                        rows.index_select(0, changed).view(-1),
-                        (vals.index_select(0, changed) * step.unsqueeze(1)).view(-1),
-                    )
-                self._w, self._z, self._z_binary = w, z.clone(), binary
+                self.q.add_columns_(w, changed, (z - previous).index_select(0, changed), backend=self.backend)
+                self._w, self._z = w, z.clone()
                 self._since_refresh += 1
                 self.stats["incremental"] += 1
-                self.stats["flipped"] += int(num_changed)
+                self.stats["flipped"] += int(changed.numel())
                 return w
-        self._w = self.q.matvec(z)
-        self._z, self._z_binary = z.clone(), binary
+        self._w = self.q.matvec(z, backend=self.backend)
+        self._z = z.clone()
         self._since_refresh = 0
         self.stats["full"] += 1
         return self._w
@@ -469,10 +532,10 @@ class ZampledWeights:
         """Qᵀ·g, zero on frozen columns, computed only over (a superset of) the free ones."""
         free = self._free
         if free is None:
-            return self.q.rmatvec(g)
+            return self.q.rmatvec(g, backend=self.backend)
         num_free = int(free.sum())
         if num_free >= self.dense_backward_fraction * self.q.n:
-            return self.q.rmatvec(g) * free.to(g.dtype)
+            return self.q.rmatvec(g, backend=self.backend) * free.to(g.dtype)
         block = self._block
         if (
             block is None

@@ -1,0 +1,72 @@
+"""Compiled CPU kernels for Zampling's sparse products w = Q·z and Qᵀ·g (arXiv 2503.14246).
+
+Q (m × n, exactly d non-zeros per row) is read in two layouts:
+
+* **slabs**: ``cols_t``/``vals_t`` of shape (d, m), the k-th non-zero of every row; column
+  indices are unsigned (uint16 when n ≤ 65,536, else uint32), which spares the compiled
+  loop the negative-index wrap-around check and, at uint16, a third of the bytes per entry;
+* **CSC** (the rows of Qᵀ): ``col_ptr``, ``col_rows`` (uint32), ``col_vals``.
+
+Each kernel is a plain loop compiled by numba (``fastmath``, no bounds checks, one thread),
+so it runs at the speed of a C loop: on the benchmark machine one pass over Q's 2.67 M
+non-zeros (mnistfc, m/n = 32, d = 10) took about 2.0 ms forward and 1.9 ms backward, against
+2.8 ms and 3.7 ms for ``torch.mv`` on CSR (``benchmarks/zampling_speed.py --kernels``). Callers
+check shapes and dtypes (:class:`fedlightning.models.zampling.SparseQ`); the kernels do not.
+Compiled code is cached on disk, so only the first process pays the compilation.
+
+Example:
+    >>> import numpy as np
+    >>> cols_t = np.array([[0, 1]], dtype=np.uint16)      # d = 1, m = 2: Q = [[2, 0], [0, 3]]
+    >>> vals_t = np.array([[2.0, 3.0]], dtype=np.float32)
+    >>> w = np.empty(2, np.float32)
+    >>> slab_matvec(cols_t, vals_t, np.array([1.0, 1.0], np.float32), w)
+    >>> w.tolist()
+    [2.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["add_columns", "slab_matvec", "slab_rmatvec"]
+
+_JIT = {"fastmath": True, "boundscheck": False, "nogil": True, "cache": True}
+
+
+@njit(**_JIT)
+def slab_matvec(cols_t: np.ndarray, vals_t: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:
+    """out ← Q·z: out[i] = Σ_k vals_t[k, i]·z[cols_t[k, i]] (one slab at a time, contiguous)."""
+    d, m = cols_t.shape
+    for i in range(m):
+        out[i] = vals_t[0, i] * z[cols_t[0, i]]
+    for k in range(1, d):
+        for i in range(m):
+            out[i] += vals_t[k, i] * z[cols_t[k, i]]
+
+
+@njit(**_JIT)
+def slab_rmatvec(cols_t: np.ndarray, vals_t: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """out ← Qᵀ·g: scatter vals_t[k, i]·g[i] into out[cols_t[k, i]] (out, length n, stays in L1)."""
+    d, m = cols_t.shape
+    out[:] = 0.0
+    for k in range(d):
+        for i in range(m):
+            out[cols_t[k, i]] += vals_t[k, i] * g[i]
+
+
+@njit(**_JIT)
+def add_columns(
+    col_ptr: np.ndarray,
+    col_rows: np.ndarray,
+    col_vals: np.ndarray,
+    columns: np.ndarray,
+    coef: np.ndarray,
+    w: np.ndarray,
+) -> None:
+    """w ← w + Σ_t coef[t]·Q[:, columns[t]] in place (the incremental update w + Q·(z_new − z_old))."""
+    for t in range(columns.shape[0]):
+        j = columns[t]
+        c = coef[t]
+        for e in range(col_ptr[j], col_ptr[j + 1]):
+            w[col_rows[e]] += c * col_vals[e]
