@@ -126,6 +126,17 @@ def test_compiled_kernels_equal_the_torch_products(n: int) -> None:
     assert torch.allclose(compiled, reference, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["compiled", "torch"])
+def test_wrong_lengths_stop_before_the_unchecked_kernels(backend: str) -> None:
+    q = _tiny_q()  # 2 x 3
+    with pytest.raises(ValueError, match="Q·z needs 3 values, not 2"):
+        q.matvec(torch.ones(2), backend=backend)
+    with pytest.raises(ValueError, match="Qᵀ·g needs 2 values, not 3"):
+        q.rmatvec(torch.ones(3), backend=backend)
+    with pytest.raises(ValueError, match=r"column index in \[0, 3\)"):
+        q.add_columns_(torch.zeros(2), torch.tensor([3]), torch.ones(1), backend=backend)
+
+
 def test_unknown_q_backend_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="Q backend 'cuda'"):
         _tiny_q().matvec(torch.ones(3), backend="cuda")  # type: ignore[arg-type]

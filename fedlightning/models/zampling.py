@@ -252,9 +252,14 @@ class SparseQ:
         dense.scatter_add_(1, self.cols, self.vals.to(torch.float32))
         return dense
 
+    def _check_length(self, x: Tensor, expected: int, what: str) -> Tensor:
+        if x.numel() != expected:
+            raise ValueError(f"Q is {self.m} x {self.n}, so {what} needs {expected} values, not {x.numel()}.")
+        return x.detach().reshape(-1).to(torch.float32)
+
     def matvec(self, z: Tensor, *, backend: Backend = "auto") -> Tensor:
         """Q·z for a length-n vector (float32)."""
-        z = z.detach().reshape(-1).to(torch.float32)
+        z = self._check_length(z, self.n, "Q·z")
         if not self.compiled(backend):
             return torch.mv(self.csr, z)  # faster than a one-column ``@`` (measured)
         out = torch.empty(self.m)
@@ -264,7 +269,7 @@ class SparseQ:
 
     def rmatvec(self, g: Tensor, *, backend: Backend = "auto") -> Tensor:
         """Qᵀ·g for a length-m vector (float32)."""
-        g = g.detach().reshape(-1).to(torch.float32)
+        g = self._check_length(g, self.m, "Qᵀ·g")
         if not self.compiled(backend):
             return (self.csr_t @ g.reshape(-1, 1)).reshape(-1)
         out = torch.empty(self.n)
@@ -292,6 +297,9 @@ class SparseQ:
         """
         if not columns.numel():
             return
+        self._check_length(w, self.m, "w")
+        if columns.shape != coef.shape or int(columns.min()) < 0 or int(columns.max()) >= self.n:
+            raise ValueError(f"add_columns_ needs one coefficient per column index in [0, {self.n}).")
         if self.compiled(backend) and w.dtype == torch.float32 and w.is_contiguous():
             _kernels().add_columns(
                 self.col_ptr.numpy(),
