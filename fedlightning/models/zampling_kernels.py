@@ -4,13 +4,13 @@ Q (m × n, exactly d non-zeros per row) is read in two layouts:
 
 * **slabs**: ``cols_t``/``vals_t`` of shape (d, m), the k-th non-zero of every row; column
   indices are unsigned (uint16 when n ≤ 65,536, else uint32), which spares the compiled
-  loop the negative-index wrap-around check and, at uint16, a third of the bytes per entry;
+  loop the negative-index wrap-around check and, at uint16, a quarter of the bytes per entry;
 * **CSC** (the rows of Qᵀ): ``col_ptr``, ``col_rows`` (uint32), ``col_vals``.
 
 Each kernel is a plain loop compiled by numba (``fastmath``, no bounds checks, one thread),
 so it runs at the speed of a C loop: on the benchmark machine one pass over Q's 2.67 M
-non-zeros (mnistfc, m/n = 32, d = 10) took about 2.0 ms forward and 1.9 ms backward, against
-2.8 ms and 3.7 ms for ``torch.mv`` on CSR (``benchmarks/zampling_speed.py --kernels``). Callers
+non-zeros (mnistfc, m/n = 32, d = 10) took 2.1 ms forward and 2.1 ms backward, against 2.4 ms
+and 3.3 ms for ``torch.mv`` on CSR (``benchmarks/results/zampling.md``, "Speed"). Callers
 check shapes and dtypes (:class:`fedlightning.models.zampling.SparseQ`); the kernels do not.
 Compiled code is cached on disk, so only the first process pays the compilation.
 
