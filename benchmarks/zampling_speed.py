@@ -15,8 +15,8 @@ optimiser step, one torch thread:
   on s; m/n = 32, d = 10; with the fast path (incremental Q·z when few bits flipped,
   free-column backward) on the compiled kernels (the default on the CPU) and on ``torch.mv``
   (``backend="torch"``), and the reference path (``ZampledWeights(fast=False)``: full
-  ``torch.mv`` products every step); p as at round 0 (p ~ U(0,1), nothing frozen) and as
-  after ~10 federated rounds (80% of p exactly 0 or 1, the rest on the 1/10 lattice).
+  ``torch.mv`` products every step); p in the three states of :data:`STATES` (round 0 with
+  nothing frozen, a client's first local epoch as trained, and after ~10 federated rounds).
 
 Part 3, federated rounds through the engine (10 IID MNIST clients, ~5,400 samples each,
 1 local epoch): FedAvg (batch 32, its default; and batch 128) against Federated Zampling
@@ -27,7 +27,7 @@ one repetition to the next).
 
 All timings interleave the candidates within every repetition and report medians:
 
-    python benchmarks/zampling_speed.py --data-root ../shared/data --kernels --repeats 21 --rounds 7
+    python benchmarks/zampling_speed.py --data-root ../shared/data --kernels --repeats 21 --rounds 12
 
 Timings on a shared machine are noisy: compare the ratios printed at the end.
 """
