@@ -47,7 +47,7 @@ def slab_matvec(cols_t: np.ndarray, vals_t: np.ndarray, z: np.ndarray, out: np.n
 
 @njit(**_JIT)
 def slab_rmatvec(cols_t: np.ndarray, vals_t: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
-    """out ← Qᵀ·g: scatter vals_t[k, i]·g[i] into out[cols_t[k, i]] (out, length n, stays in L1)."""
+    """out ← Qᵀ·g: scatter vals_t[k, i]·g[i] into out[cols_t[k, i]] (out, n floats, stays in cache)."""
     d, m = cols_t.shape
     out[:] = 0.0
     for k in range(d):
