@@ -507,7 +507,10 @@ class Zampling(FederatedModule):
         see the same first masks (the mask chosen on validation is scored on test).
         """
         gen = self.generator(self.global_step, SERVER, "zampling_eval_masks")
-        p = self.effective_p(self.p.detach()).cpu()
+        return self._accuracies_sampled_from(self.effective_p(self.p.detach()).cpu(), num_samples, gen)
+
+    def _accuracies_sampled_from(self, p: Tensor, num_samples: int, gen: torch.Generator) -> Tensor:
+        """Accuracy of ``num_samples`` networks w = Q·z, z ~ Bernoulli(p) drawn from ``gen``."""
         accs = [
             self._accuracy(self.q.matvec(torch.bernoulli(p, generator=gen)).to(self.device)) for _ in range(num_samples)
         ]
@@ -569,11 +572,7 @@ class Zampling(FederatedModule):
 
         def scores(vector: Tensor) -> tuple[float, float]:
             expected = self._accuracy(self.q.matvec(vector).to(self.device))
-            sampled = [
-                self._accuracy(self.q.matvec(torch.bernoulli(vector, generator=gen)).to(self.device))
-                for _ in range(self.sensitivity_samples)
-            ]
-            return expected, sum(sampled) / len(sampled)
+            return expected, float(self._accuracies_sampled_from(vector, self.sensitivity_samples, gen).mean())
 
         reference = scores(p)
         out: dict[str, float] = {
