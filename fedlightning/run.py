@@ -79,7 +79,7 @@ def configure_threads(threads: int | None) -> int:
     n = torch.get_num_threads()
     log.info(
         "Using %d torch thread(s) per process (threads=%s; one thread measured fastest for these "
-        "model sizes on a 2-core CPU, see lightning-fl-notes P7).",
+        "model sizes on a 2-core CPU; more threads per process oversubscribe the cores).",
         n,
         threads,
     )

@@ -16,7 +16,6 @@ from fedlightning.compression.codecs import BitPackCodec
 from fedlightning.datamodules import DigitsDataModule, IIDPartition
 from fedlightning.errors import NonFiniteLossError
 from fedlightning.federated.batches import local_batches
-from fedlightning.federated.hooks import FederatedCallback
 from fedlightning.federated.message import Message
 from fedlightning.federated.module import FederatedModule
 from fedlightning.federated.params import assign_flat_, flat_parameters
@@ -133,19 +132,25 @@ def test_local_batches_cover_each_epoch_exactly_once() -> None:
     assert len(list(local_batches(num_samples=23, batch_size=5, epochs=1, steps=12, generator=gen))) == 12
 
 
-class _SignUplink(FederatedCallback):
+class _SignPatternCodec:
     """Uploads only the sign pattern of each delta (1 bit per coordinate), for testing."""
 
-    def encode_uplink(self, trainer: Any, module: Any, round_idx: int, client_id: int, upload: Tensor) -> Message:
-        return BitPackCodec().encode((upload > 0).float())
+    name = "sign_pattern"
+
+    def encode(self, x: Tensor) -> Message:
+        return BitPackCodec().encode((x > 0).float())
+
+    def decode(self, message: Message) -> Tensor:
+        return BitPackCodec().decode(message)
 
 
 def test_accountant_counts_real_bitstreams_and_compression() -> None:
     dm = _datamodule(num_clients=4)
     module = _module(dm)
     params = sum(p.numel() for p in module.model.parameters())  # 650
+    module.uplink_channel.codec = _SignPatternCodec()
     accountant = CommunicationAccountant()
-    _trainer(3, callbacks=[UniformSampler(clients_per_round=2), accountant, _SignUplink()]).fit(module)
+    _trainer(3, callbacks=[UniformSampler(clients_per_round=2), accountant]).fit(module)
     summary = accountant.summary()
     assert summary["comm/uplink_bits_total"] == 3 * 2 * params  # bit-packed: one bit per coordinate
     assert summary["comm/downlink_bits_total"] == 3 * 2 * 32 * params

@@ -1,9 +1,10 @@
 """Exact communication accounting, per round × client × direction.
 
-Bits are read off the encoded :class:`~fedlightning.federated.message.Message` of every
-broadcast and upload, never computed from a formula. Counters are int64, summed across
-ranks at the end of each round, saved in checkpoints, and logged exactly as float64
-(a float32 log would round totals above 2**24; lightning-fl-notes P4).
+Bits are read off the encoded :class:`~fedlightning.federated.message.Message` that each
+client receives and sends, never computed from a formula. Each process counts the messages of
+the clients it holds; the counters are int64, summed across processes at the end of each
+round, saved in checkpoints, and logged as float64 (a float32 log would round totals above
+2**24). Only the first process writes ``comm_records.csv``.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any, cast
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
-from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.hooks import FederatedCallback
 from fedlightning.federated.message import Message
 from fedlightning.federated.module import FederatedModule
@@ -52,6 +53,7 @@ class CommunicationAccountant(FederatedCallback):
         self.totals = torch.zeros(6, dtype=torch.int64)
         self.per_client = torch.zeros((0, 2), dtype=torch.int64)
         self._round = torch.zeros(6, dtype=torch.int64)
+        self._round_per_client = torch.zeros((0, 2), dtype=torch.int64)
         self._rows: list[tuple[int, int, str, int, str]] = []
 
     @override
@@ -65,22 +67,19 @@ class CommunicationAccountant(FederatedCallback):
     @override
     def on_round_start(self, trainer: L.Trainer, module: FederatedModule, round_idx: int) -> None:
         self._round.zero_()
+        self._round_per_client = torch.zeros_like(self.per_client)
         self._rows.clear()
 
     @override
-    def on_server_broadcast(
-        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, message: Message, cohort: Cohort
+    def on_client_downlink(
+        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
     ) -> None:
-        k = len(cohort)
-        self._round[_DOWN_BITS] += message.num_bits * k
-        self._round[_DOWN_MSGS] += k
-        self._round[_DOWN_DENSE] += module.dense_message_bits * k
-        ids = torch.tensor(cohort.client_ids, dtype=torch.long)
-        self.per_client[ids, DOWN] += message.num_bits
+        self._round[_DOWN_BITS] += message.num_bits
+        self._round[_DOWN_MSGS] += 1
+        self._round[_DOWN_DENSE] += module.dense_message_bits
+        self._round_per_client[client_id, DOWN] += message.num_bits
         if self.records_path is not None:
-            self._rows.extend(
-                (round_idx, cid, "down", message.num_bits, message.codec.name) for cid in cohort.client_ids
-            )
+            self._rows.append((round_idx, client_id, "down", message.num_bits, message.codec.name))
 
     @override
     def on_client_upload(
@@ -89,7 +88,7 @@ class CommunicationAccountant(FederatedCallback):
         self._round[_UP_BITS] += message.num_bits
         self._round[_UP_MSGS] += 1
         self._round[_UP_DENSE] += module.dense_message_bits
-        self.per_client[client_id, UP] += message.num_bits
+        self._round_per_client[client_id, UP] += message.num_bits
         if self.records_path is not None:
             self._rows.append((round_idx, client_id, "up", message.num_bits, message.codec.name))
 
@@ -97,9 +96,17 @@ class CommunicationAccountant(FederatedCallback):
     def on_round_end(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, metrics: dict[str, Any]
     ) -> None:
-        round_counts = trainer.strategy.reduce(self._round.clone(), reduce_op="sum")
-        self.totals += round_counts.to(torch.int64).cpu()
-        self._write_rows()
+        # Each process counted the messages of its own clients: sum the counters, gather the rows.
+        round_counts = module.reduce_sum(self._round.clone()).to(torch.int64).cpu()
+        self.totals += round_counts
+        self.per_client += module.reduce_sum(self._round_per_client).to(torch.int64).cpu()
+        if self.records_path is not None and module.world_size > 1:
+            parts: list[Any] = [None] * module.world_size
+            dist.all_gather_object(parts, self._rows)
+            self._rows = sorted(row for part in parts for row in part)
+        if trainer.is_global_zero:
+            self._write_rows()
+        self._rows.clear()
         exact = {
             "comm/uplink_bits": round_counts[_UP_BITS],
             "comm/downlink_bits": round_counts[_DOWN_BITS],
@@ -107,13 +114,17 @@ class CommunicationAccountant(FederatedCallback):
         }
         for name, value in exact.items():
             module.log(name, _f64(value), on_step=True, on_epoch=False, prog_bar=name == "comm/bits_total")
+        uploads = int(round_counts[_UP_MSGS])
+        if uploads:
+            per_param = int(round_counts[_UP_BITS]) / (uploads * module.uplink_numel)
+            module.log("comm/uplink_bits_per_param", per_param, on_step=True, on_epoch=False)
         module.log("comm/uplink_compression", self.uplink_compression, on_step=True, on_epoch=False)
         module.log("comm/downlink_compression", self.downlink_compression, on_step=True, on_epoch=False)
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The evaluation row carries the x-axis values too, so loggers can plot accuracy
-        # against cumulative bits (lightning-fl-notes P5).
+        # against cumulative bits (a W&B x-axis must be logged in the same row as the metric).
         if trainer.sanity_checking:
             return
         for name, value in self._cumulative().items():

@@ -1,86 +1,81 @@
 """Compression callbacks: ``compressor=<name>`` (uplink) and ``downlink=<name>`` (broadcast).
 
-:class:`UplinkCompression` implements ``encode_uplink``: every client's upload is compressed
-with the configured operator, drawing its randomness from
-``module.generator(round_idx, client_id, "compress")``. With ``error_feedback=true`` the
-client's memory (``module.client_state[client_id]["ef_memory"]``) is added before compressing
-and updated with what the compressor dropped (thesis Algorithm 4/6).
+Each callback attaches one operator to the module's channel of its direction
+(:class:`fedlightning.federated.channel.Channel`) when the trainer is set up, that is before
+any round runs. The channel refuses an operator whose accepted payloads do not include what
+the method sends, with one sentence that names both, so an incompatible method × compressor
+pair never trains.
 
-:class:`DownlinkCompression` implements ``encode_downlink``. The server keeps the clients'
-replica ``x̂`` of the broadcast state (in ``module.client_state`` under the server id, so it
-is checkpointed), sends ``C(x − x̂)`` and both sides set ``x̂ ← x̂ + C(x − x̂)``; the
-decoded message is the new replica. The compression error is therefore re-sent in the next
-round instead of accumulating (the replica plays the role of the master-side memory). The
-replica starts at zero, so round 0 compresses the initial state itself. With full
-participation every client holds the replica; with partial participation it models a
-broadcast channel that all clients listen to (the accountant charges each cohort member).
+* :class:`UplinkCompression`: every client's upload is compressed with the operator, drawing
+  from ``module.generator(round_idx, client_id, "compress")``; with ``error_feedback=true`` the
+  client's memory e_i is added before compressing and updated with what the operator dropped
+  (thesis arXiv 2207.00392, Algorithm 4/6).
+* :class:`DownlinkCompression`: the broadcast is compressed against the clients' replica
+  (:class:`fedlightning.federated.channel.DownlinkChannel`).
 
 ``granularity="layer"`` applies the operator to each parameter tensor separately (the
-thesis's and the authors' default: ω/δ of Rand-k/Top-k then refer to each tensor);
-``"model"`` to the flattened model.
-
-Methods read the operator's metadata through :func:`uplink_compressor` (ω, δ for step sizes
-and DIANA's shift rate), so changing ``compressor=`` changes those rules consistently.
+thesis's and its authors' default: ω/δ of Rand-k/Top-k then refer to each tensor);
+``"model"`` to the flattened vector. Methods read ω and δ from
+``module.uplink_channel.metadata(d)``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
-import torch
-from torch import Tensor
+from typing_extensions import override
 
-from fedlightning.compression.error_feedback import MEMORY_KEY, error_feedback_step
-from fedlightning.compression.operators import Blockwise, Compressor, Identity
+from fedlightning.compression.operators import Compressor
 from fedlightning.errors import ConfigError
+from fedlightning.federated.channel import Channel, ReplicaCodec
 from fedlightning.federated.hooks import FederatedCallback
-from fedlightning.federated.message import Message
-from fedlightning.federated.rng import SERVER
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DownlinkCompression", "ReplicaCodec", "UplinkCompression", "uplink_compressor"]
-
-REPLICA_KEY = "downlink_replica"
+__all__ = ["DownlinkCompression", "ReplicaCodec", "UplinkCompression"]
 
 
 class _CompressionCallback(FederatedCallback):
-    direction = "uplink"
+    direction: Literal["uplink", "downlink"] = "uplink"
 
-    def __init__(self, compressor: Compressor, *, granularity: str = "layer", log_metadata: bool = True) -> None:
+    def __init__(
+        self,
+        compressor: Compressor,
+        *,
+        error_feedback: bool = False,
+        granularity: Literal["layer", "model"] = "layer",
+        log_metadata: bool = True,
+    ) -> None:
         if not isinstance(compressor, Compressor):
             raise ConfigError(f"{self.direction} compressor must be a Compressor (got {type(compressor).__name__}).")
         if granularity not in {"layer", "model"}:
             raise ConfigError(f"compressor granularity must be 'layer' or 'model' (got {granularity!r}).")
         self.compressor = compressor
-        self.granularity = granularity
+        self.error_feedback = bool(error_feedback)
+        self.granularity: Literal["layer", "model"] = granularity
         self.log_metadata = log_metadata
-        self._operator: Compressor | None = None
-        self._operator_dim = -1
 
-    def operator(self, module: Any, numel: int | None = None) -> Compressor:
-        """The operator applied to a flat vector of ``numel`` entries (layer-wise if it matches the model)."""
+    def channel(self, module: Any) -> Channel:
+        """The module's channel of this direction."""
+        return module.uplink_channel if self.direction == "uplink" else module.downlink_channel
+
+    def attach(self, module: Any) -> None:
+        """Put the operator on the module's channel (refused in one sentence if the payload does not fit)."""
+        channel = self.channel(module)
+        if channel.compressor is self.compressor:
+            return  # already attached (a second fit of the same trainer)
         sizes = [p.numel() for p in module.server_parameters()] if hasattr(module, "server_parameters") else []
-        numel = sum(sizes) if numel is None else numel
-        if self._operator is None or self._operator_dim != numel:
-            if self.granularity == "layer" and sizes and sum(sizes) == numel and len(sizes) > 1:
-                self._operator = Blockwise(self.compressor, sizes)
-            else:
-                self._operator = self.compressor
-            self._operator_dim = numel
-        return self._operator
-
-    def metadata(self, module: Any) -> dict[str, Any]:
-        """ω, δ and unbiasedness of the operator as applied to this model."""
-        op = self.operator(module)
-        return op.metadata(self._operator_dim)
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        channel.attach(
+            self.compressor, error_feedback=self.error_feedback, granularity=self.granularity, block_sizes=sizes
+        )
         if self.log_metadata:
-            meta = self.metadata(pl_module)
-            log.info("%s compression: %s", self.direction, meta)
+            log.info("%s compression: %s", self.direction, channel.metadata(module.uplink_numel))
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.attach(pl_module)
 
 
 class UplinkCompression(_CompressionCallback):
@@ -88,8 +83,9 @@ class UplinkCompression(_CompressionCallback):
 
     Args:
         compressor: the operator (see :mod:`fedlightning.compression`).
-        error_feedback: add and update the client's memory ``e_i`` (for biased operators).
+        error_feedback: add and update the client's memory e_i (for biased operators).
         granularity: ``"layer"`` (per parameter tensor, default) or ``"model"``.
+        log_metadata: log ω, δ and unbiasedness when attached.
     """
 
     direction = "uplink"
@@ -99,11 +95,12 @@ class UplinkCompression(_CompressionCallback):
         compressor: Compressor,
         *,
         error_feedback: bool = False,
-        granularity: str = "layer",
+        granularity: Literal["layer", "model"] = "layer",
         log_metadata: bool = True,
     ) -> None:
-        super().__init__(compressor, granularity=granularity, log_metadata=log_metadata)
-        self.error_feedback = bool(error_feedback)
+        super().__init__(
+            compressor, error_feedback=error_feedback, granularity=granularity, log_metadata=log_metadata
+        )
         if not compressor.unbiased and not self.error_feedback:
             log.warning(
                 "Uplink compressor %s is biased and error feedback is off (compressor.error_feedback=false): "
@@ -111,72 +108,19 @@ class UplinkCompression(_CompressionCallback):
                 compressor.name,
             )
 
-    def encode_uplink(self, trainer: L.Trainer, module: Any, round_idx: int, client_id: int, upload: Tensor) -> Message:
-        op = self.operator(module, upload.numel())
-        gen = module.generator(round_idx, client_id, "compress")
-        if not self.error_feedback:
-            return op.compress(upload, gen)
-        memory = module.client_state.get(client_id, MEMORY_KEY)
-        if memory is None:
-            memory = torch.zeros_like(upload)
-        message, new_memory = error_feedback_step(op, upload, memory, gen)
-        module.client_state.set(client_id, MEMORY_KEY, new_memory)
-        return message
-
-
-class ReplicaCodec:
-    """Decodes a downlink message as ``reference + C(x − reference)``."""
-
-    def __init__(self, compressor: Compressor, reference: Tensor) -> None:
-        self.compressor = compressor
-        self.reference = reference
-        self.name = f"replica[{compressor.name}]"
-
-    def encode(self, x: Tensor) -> Message:  # pragma: no cover - messages are built by the callback
-        raise NotImplementedError("ReplicaCodec only decodes; DownlinkCompression encodes.")
-
-    def decode(self, message: Message) -> Tensor:
-        inner = Message(payload=message.payload, num_bits=message.num_bits, codec=self.compressor, shape=message.shape)
-        return self.reference.reshape(message.shape) + self.compressor.decode(inner)
-
 
 class DownlinkCompression(_CompressionCallback):
-    """Compress the broadcast against the clients' replica (see the module docstring).
+    """Compress the broadcast against the clients' replica.
 
     Args:
-        compressor: the operator for ``x − x̂`` (unbiased ones keep the replica unbiased).
+        compressor: the operator for x − x̂ (unbiased ones keep the replica unbiased).
         granularity: ``"layer"`` or ``"model"``.
+        log_metadata: log ω, δ and unbiasedness when attached.
     """
 
     direction = "downlink"
 
-    def encode_downlink(self, trainer: L.Trainer, module: Any, round_idx: int, state: Tensor) -> Message:
-        op = self.operator(module, state.numel())
-        replica = module.client_state.get(SERVER, REPLICA_KEY)
-        if replica is None or replica.numel() != state.numel():
-            replica = torch.zeros_like(state)
-        replica = replica.to(state.device)
-        inner = op.compress(state - replica, module.generator(round_idx, SERVER, "compress_downlink"))
-        message = Message(
-            payload=inner.payload,
-            num_bits=inner.num_bits,
-            codec=ReplicaCodec(op, replica.detach().clone()),
-            shape=inner.shape,
-            header_bits=inner.header_bits,
-        )
-        module.client_state.set(SERVER, REPLICA_KEY, message.decode().to(state.device))
-        return message
-
-
-def uplink_compressor(module: Any) -> tuple[Compressor, int]:
-    """The uplink operator as applied to ``module``'s model and its dimension.
-
-    Returns ``(Identity(), d)`` when no ``compressor=`` is configured.
-    """
-    d = sum(p.numel() for p in module.server_parameters())
-    trainer = getattr(module, "_trainer", None)
-    if trainer is not None:
-        for cb in trainer.callbacks:
-            if isinstance(cb, UplinkCompression):
-                return cb.operator(module, d), d
-    return Identity(), d
+    def __init__(
+        self, compressor: Compressor, *, granularity: Literal["layer", "model"] = "layer", log_metadata: bool = True
+    ) -> None:
+        super().__init__(compressor, granularity=granularity, log_metadata=log_metadata)

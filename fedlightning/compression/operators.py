@@ -9,7 +9,7 @@ appends its code for a flat float32 ``x`` and returns the header bits it declare
 ``read(reader, numel)`` reads it back. That is how compositions, the induced compressor and
 layer-wise (per-tensor) application share one message.
 
-Metadata (thesis conventions, ``horvath-thesis-methods.md`` §0.2):
+Metadata (thesis arXiv 2207.00392, §1.6 conventions):
 
 * ``unbiased``: ``E[C(x)] = x``;
 * ``omega(d)``: for unbiased operators, ``E‖C(x) − x‖² ≤ ω‖x‖²`` in dimension ``d``;
@@ -34,6 +34,7 @@ from torch import Tensor
 
 from fedlightning.compression.bitstream import BitReader, BitWriter
 from fedlightning.federated.message import Message
+from fedlightning.federated.payloads import DENSE_UPDATES, Payload
 
 __all__ = [
     "Blockwise",
@@ -62,6 +63,8 @@ class Compressor:
     name = "compressor"
     unbiased = True
     deterministic = False
+    accepts: frozenset[Payload] = DENSE_UPDATES
+    """Payloads this operator understands: real-valued updates (model deltas, gradients)."""
 
     # ------------------------------------------------------------------ metadata
     def omega(self, d: int) -> float | None:

@@ -1,25 +1,28 @@
 """The ``FederatedCallback`` protocol: what a callback sees of a round.
 
-A federated round calls these hooks, in this order, on every callback that subclasses
-:class:`FederatedCallback` (other Lightning callbacks are untouched):
+A round (:meth:`fedlightning.federated.module.FederatedModule.training_step`) runs these
+phases and calls these hooks, in this order, on every callback that subclasses
+:class:`FederatedCallback` (other Lightning callbacks are untouched). Under DDP every process
+runs every phase; the per-client hooks fire on the process that holds the client.
 
-1. ``on_round_start(trainer, module, round_idx)``
-2. ``select_cohort(trainer, module, round_idx)`` on the one :class:`ClientSampler`, if any
-   (otherwise all clients take part), then ``on_cohort_selected(trainer, module, cohort)``
-3. ``encode_downlink(trainer, module, round_idx, state)``: the first callback that returns a
-   :class:`Message` encodes the broadcast; otherwise the method's ``downlink_codec`` does. Then
-   ``on_server_broadcast(trainer, module, round_idx, message, cohort)``: the message reaches
-   every client of the cohort.
-4. For each client: local training, then ``encode_uplink(trainer, module, round_idx,
-   client_id, upload)`` (first non-``None`` wins, else the method's ``uplink_codec``), then
-   ``on_client_upload(trainer, module, round_idx, client_id, message)``.
-5. ``on_aggregate(trainer, module, round_idx, pseudo_gradient)`` after the server has
-   combined the decoded uploads, before its optimiser step.
-6. ``on_round_end(trainer, module, round_idx, metrics)`` after the server step; callbacks may
-   ``module.log`` here (it runs inside ``training_step``).
+1. **select**: ``on_round_start(trainer, module, round_idx)``; the one :class:`ClientSampler`
+   (if any; otherwise all clients take part) returns the cohort from ``select_cohort``; then
+   ``on_cohort_selected(trainer, module, cohort)``.
+2. **downlink**: for each client of this process's share, ``on_client_downlink(trainer,
+   module, round_idx, client_id, message)`` with the message that client receives (one
+   broadcast shared by the cohort, or the client's own message).
+3. **local work** on each client (no hook: the method's ``client_update``).
+4. **choose** (optional): a sampler whose ``chooses_uploaders`` is true picks the uploaders
+   from every cohort member's update norm (``choose_uploaders``), e.g. optimal client sampling.
+5. **uplink**: for each uploader, ``drops_upload(trainer, module, round_idx, client_id)``; if any
+   callback says true the upload is lost (``on_upload_dropped``), otherwise the uplink channel
+   encodes it and ``on_client_upload(trainer, module, round_idx, client_id, message)`` sees it.
+6. **accumulate and reduce**: decoded uploads are folded into the method's aggregator and
+   summed across processes; then ``on_aggregate(trainer, module, round_idx, aggregator)``.
+7. **apply**: the server steps or sets its state; then ``on_round_end(trainer, module,
+   round_idx, metrics)``, where callbacks may ``module.log``.
 
-Encoding hooks own the wire format and may keep per-client memory in
-``module.client_state`` (error feedback); observation hooks must not change the message.
+Observation hooks must not change the messages they see.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.message import Message
 
 if TYPE_CHECKING:
+    from fedlightning.federated.aggregators import Aggregator
     from fedlightning.federated.module import FederatedModule
 
 
@@ -43,44 +47,54 @@ class FederatedCallback(L.Callback):
         """A round begins; ``round_idx == trainer.global_step``."""
 
     def on_cohort_selected(self, trainer: L.Trainer, module: FederatedModule, cohort: Cohort) -> None:
-        """The cohort of this round is known."""
+        """The cohort of this round is known (the same on every process)."""
 
-    def encode_downlink(
-        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, state: Tensor
-    ) -> Message | None:
-        """Return a message to replace the method's default encoding of the broadcast."""
-        return None
-
-    def on_server_broadcast(
-        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, message: Message, cohort: Cohort
+    def on_client_downlink(
+        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
     ) -> None:
-        """``message`` is sent to every client of ``cohort``."""
+        """Client ``client_id`` receives ``message`` from the server."""
 
-    def encode_uplink(
-        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, upload: Tensor
-    ) -> Message | None:
-        """Return a message to replace the method's default encoding of one client's upload."""
-        return None
+    def drops_upload(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int) -> bool:
+        """Return true to lose this client's upload (a failure; nothing is sent or counted)."""
+        return False
+
+    def on_upload_dropped(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int) -> None:
+        """Client ``client_id`` trained but its upload was lost."""
 
     def on_client_upload(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
     ) -> None:
         """Client ``client_id`` sent ``message`` to the server."""
 
-    def on_aggregate(
-        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, pseudo_gradient: Tensor
-    ) -> None:
-        """The server combined the uploads into ``pseudo_gradient`` (before its optimiser step)."""
+    def on_aggregate(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, aggregator: Aggregator) -> None:
+        """Every upload of the round has been accumulated and reduced across processes."""
 
     def on_round_end(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, metrics: dict[str, Any]
     ) -> None:
-        """The round is over and the global model updated."""
+        """The round is over and the server state updated."""
 
 
 class ClientSampler(FederatedCallback):
-    """A callback that chooses each round's cohort. At most one per trainer."""
+    """A callback that chooses each round's cohort. At most one per trainer.
+
+    Draw only from ``module.generator(round_idx, SERVER, purpose)`` so the cohort is the same
+    on every process and after a resume.
+    """
+
+    chooses_uploaders: bool = False
+    """True if the sampler picks uploaders after local work (``choose_uploaders``)."""
 
     def select_cohort(self, trainer: L.Trainer, module: FederatedModule, round_idx: int) -> Cohort:
-        """The cohort of ``round_idx``; draw only from ``module.generator(round_idx, purpose=...)``."""
+        """The clients that train in ``round_idx``, with their inclusion probabilities."""
         raise NotImplementedError
+
+    def choose_uploaders(
+        self, trainer: L.Trainer, module: FederatedModule, cohort: Cohort, update_norms: Tensor
+    ) -> Cohort:
+        """The clients of ``cohort`` that upload, given ‖update‖₂ of each cohort member (in cohort order).
+
+        The returned cohort's inclusion probabilities are the probabilities of *uploading*
+        (the product of being drawn and being chosen), which the unbiased estimator divides by.
+        """
+        return cohort

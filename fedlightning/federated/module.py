@@ -1,19 +1,32 @@
 """``FederatedModule``: one Lightning ``training_step`` is one federated round.
 
-The base class owns the round (cohort → broadcast → local training → uplink → aggregation →
-server step), the callbacks, the client state store and the random streams. A method
-overrides a few hooks:
+The engine owns the round and runs it as named phases (callback hooks in
+:mod:`fedlightning.federated.hooks`):
 
-* :meth:`broadcast_state` — the flat tensor the server sends (default: global weights);
-* :meth:`client_update` — what one client does with what it received (default: local SGD
-  on :meth:`local_loss`, upload the model delta);
-* :meth:`server_update` — combine the decoded uploads into a pseudo-gradient for the server
-  optimiser (default: FedAvg's sample-weighted mean delta, negated).
+1. **select** the cohort (the one client sampler, else every client);
+2. **downlink**: :meth:`~FederatedModule.broadcast_state` is encoded once by the downlink
+   channel, or per client where :meth:`~FederatedModule.client_downlink` gives a client its
+   own message; each client's message is observed (and counted) separately;
+3. **local work**: :meth:`~FederatedModule.client_update` on each client of this process's
+   share, usually through the one local-training routine :meth:`~FederatedModule.local_train`;
+4. **choose** uploaders after local work (samplers with ``chooses_uploaders``);
+5. **uplink**: each upload is encoded by the uplink channel, or dropped;
+6. **accumulate** each decoded upload into the method's aggregator
+   (:meth:`~FederatedModule.make_aggregator`: fixed-size sums), then **reduce** the sums
+   across processes;
+7. **apply**: methods that produce a model delta hand −Δ (:meth:`~FederatedModule.server_delta`)
+   to the server optimiser (SGD(lr=1) is FedAvg; FedAvgM and the FedOpt optimisers are options
+   of this step); methods that compute their new server state (``sets_server_state = True``)
+   set it in :meth:`~FederatedModule.set_server_state`.
 
-Clients train a single reused model that is hidden from the module registry, so it is not
-checkpointed, not moved by DDP and never aliases the global weights (lightning-fl-notes P1,
-P8, P9). Clients use plain ``torch.optim`` optimisers; the server optimiser is the one
-Lightning optimiser, so ``global_step`` counts rounds (P2).
+Processes (Lightning DDP): client ``i`` is always trained by process ``i mod world_size``, so
+its per-client state stays on one process; the cohort and every random stream depend on
+(seed, round, client, purpose) only, never on the number of processes.
+
+Clients train one reused model hidden from the module registry, so it is not checkpointed,
+not wrapped by DDP and never aliases the global weights; local steps use plain
+``torch.optim`` and ``loss.backward()``. The server optimiser is the one Lightning optimiser,
+so ``global_step`` counts rounds (methods that set their state get :class:`RoundClock`).
 """
 
 from __future__ import annotations
@@ -21,12 +34,13 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
@@ -36,13 +50,15 @@ from torchmetrics.regression import R2Score
 
 from fedlightning.compression.codecs import Float32Codec
 from fedlightning.errors import ConfigError, NonFiniteLossError
-from fedlightning.federated.aggregation import normalised_weights, weighted_mean
+from fedlightning.federated.aggregators import ESTIMATORS, Aggregator, Estimator, WeightedMean
 from fedlightning.federated.batches import local_batches
+from fedlightning.federated.channel import Channel, DownlinkChannel
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.hooks import ClientSampler, FederatedCallback
-from fedlightning.federated.message import Codec, Message
+from fedlightning.federated.message import Message
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters, set_flat_grad_
-from fedlightning.federated.rng import torch_generator
+from fedlightning.federated.payloads import Payload
+from fedlightning.federated.rng import SERVER, torch_generator
 from fedlightning.federated.state import ClientStateStore
 
 if TYPE_CHECKING:
@@ -50,12 +66,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OptimizerFactory = Callable[[Iterable[Tensor]], torch.optim.Optimizer]
+OptimizerFactory = Callable[..., torch.optim.Optimizer]
+ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
 
 
 @dataclass
 class ClientResult:
-    """What local training produced on one client, before encoding."""
+    """What local work produced on one client, before encoding.
+
+    Attributes:
+        upload: the payload to send (of the method's ``uplink_payload`` kind).
+        num_samples: the client's sample count (its FedAvg weight).
+        loss: mean local training loss.
+        metrics: per-client diagnostics, averaged over the round's uploaders and logged
+            under these names (keys must be those of ``client_metric_names``).
+    """
 
     upload: Tensor
     num_samples: int
@@ -64,12 +89,23 @@ class ClientResult:
 
 
 @dataclass
-class ClientUpload:
-    """One client's upload as the server decoded it."""
+class LocalTraining:
+    """What :meth:`FederatedModule.local_train` did: mean loss, steps, samples and the optimiser."""
 
-    client_id: int
-    update: Tensor
+    loss: Tensor
+    steps: int
     num_samples: int
+    optimizer: torch.optim.Optimizer
+
+
+class RoundClock(torch.optim.Optimizer):
+    """The Lightning optimiser of methods that set their server state: a step only counts the round."""
+
+    def __init__(self, params: Iterable[Tensor]) -> None:
+        super().__init__(params, {})
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        return closure() if closure is not None else None
 
 
 class _SquaredError(nn.Module):
@@ -101,17 +137,31 @@ class FederatedModule(L.LightningModule):
             the validation/test loaders).
         seed: the run seed from which every random stream is derived.
         client_optimizer: factory ``params -> torch.optim.Optimizer`` for local training
-            (a fresh optimiser per client per round).
+            (a fresh optimiser per client per round; see :meth:`make_client_optimizer`).
         server_optimizer: factory for the server optimiser over :meth:`server_parameters`
-            (``SGD(lr=1)`` is FedAvg; see ``fedlightning.federated.server_optim``).
+            (default ``SGD(lr=1)``, FedAvg; see ``fedlightning.federated.server_optim``).
+            Methods that set their server state take none.
         local_epochs: passes over the client's data per round.
         local_steps: if set, exactly this many local mini-batch steps instead of epochs.
         batch_size: local mini-batch size.
         max_grad_norm: optional clipping of each local gradient.
+        aggregation: ``"normalised"`` (Σ w_i Δ_i / Σ w_i over the uploaders) or ``"unbiased"``
+            (Σ (w_i/p_i) Δ_i with the inclusion probabilities p_i), see
+            :mod:`fedlightning.federated.aggregators`.
     """
 
-    uplink_codec: Codec = Float32Codec()
-    downlink_codec: Codec = Float32Codec()
+    uplink_payload: ClassVar[Payload] = Payload.MODEL_DELTA
+    """What clients upload."""
+    downlink_payload: ClassVar[Payload] = Payload.MODEL
+    """What the server broadcasts."""
+    sets_server_state: ClassVar[bool] = False
+    """True: :meth:`set_server_state` computes the new state (no server optimiser)."""
+    client_weighting: ClassVar[Literal["samples", "uniform"]] = "samples"
+    """A client's share w_i: n_i / n (FedAvg) or 1 / N (methods whose objective is (1/N) Σ f_i)."""
+    supported_aggregation: ClassVar[tuple[Estimator, ...]] = ESTIMATORS
+    """The estimators this method's server step is defined for."""
+    client_metric_names: ClassVar[tuple[str, ...]] = ()
+    """Names of the per-client diagnostics in :attr:`ClientResult.metrics` (logged as round means)."""
 
     def __init__(
         self,
@@ -125,14 +175,25 @@ class FederatedModule(L.LightningModule):
         local_steps: int | None = None,
         batch_size: int = 32,
         max_grad_norm: float | None = None,
+        aggregation: Estimator = "normalised",
     ) -> None:
         super().__init__()
+        name = type(self).__name__
         if local_epochs < 1:
             raise ConfigError(f"method.local_epochs must be at least 1 (got {local_epochs}).")
         if local_steps is not None and local_steps < 1:
             raise ConfigError(f"method.local_steps must be at least 1 or null (got {local_steps}).")
         if batch_size < 1:
             raise ConfigError(f"method.batch_size must be at least 1 (got {batch_size}).")
+        if aggregation not in self.supported_aggregation:
+            raise ConfigError(
+                f"{name} supports method.aggregation={' or '.join(self.supported_aggregation)} (got {aggregation!r})."
+            )
+        if self.sets_server_state and server_optimizer is not None:
+            raise ConfigError(
+                f"{name} sets its server state from the uploads and has no server optimiser; "
+                "remove method.server_optimizer."
+            )
         if any(True for _ in model.buffers()):
             raise ConfigError(
                 "The model has buffers (e.g. BatchNorm running statistics) that federated averaging "
@@ -149,7 +210,10 @@ class FederatedModule(L.LightningModule):
         self.local_steps = local_steps
         self.batch_size = batch_size
         self.max_grad_norm = max_grad_norm
+        self.aggregation: Estimator = aggregation
         self.client_state = ClientStateStore()
+        self.uplink_channel = Channel(direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name)
+        self.downlink_channel = DownlinkChannel(payload=self.downlink_payload, codec=Float32Codec(), method=name)
         self.task = getattr(datamodule, "task", "classification")
         if self.task == "classification":
             self.loss_fn: nn.Module = nn.CrossEntropyLoss()
@@ -190,11 +254,44 @@ class FederatedModule(L.LightningModule):
         """Bits of one dense float32 copy of the model: the reference for compression factors."""
         return 32 * num_parameters(self.model)
 
+    @property
+    def uplink_numel(self) -> int:
+        """Entries of one upload (the model's parameter count unless the method says otherwise)."""
+        return num_parameters(self.model)
+
     def generator(self, round_idx: int, client_id: int, purpose: str) -> torch.Generator:
         """The CPU generator of stream (run seed, round, client, purpose)."""
         return torch_generator(seed=self.seed, round_idx=round_idx, client_id=client_id, purpose=purpose)
 
-    # ------------------------------------------------------------------ method hooks
+    @property
+    def attached_trainer(self) -> L.Trainer | None:
+        """The trainer this module is attached to, or ``None``."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
+
+    @property
+    def world_size(self) -> int:
+        """Processes that share the cohort (1 outside a distributed trainer)."""
+        trainer = self.attached_trainer
+        return int(trainer.world_size) if trainer is not None else 1
+
+    @property
+    def process_rank(self) -> int:
+        """This process's index among :attr:`world_size`."""
+        trainer = self.attached_trainer
+        return int(trainer.global_rank) if trainer is not None else 0
+
+    def holds_client(self, client_id: int) -> bool:
+        """Whether this process trains ``client_id`` (client i lives on process i mod world size)."""
+        return client_id % self.world_size == self.process_rank
+
+    def share_of(self, cohort: Cohort) -> list[int]:
+        """The cohort members this process trains, in cohort order."""
+        return [cid for cid in cohort.client_ids if self.holds_client(cid)]
+
+    # ------------------------------------------------------------------ method hooks: server
     def server_parameters(self) -> list[nn.Parameter]:
         """Parameters the server optimiser updates (default: the global model's)."""
         return list(self.model.parameters())
@@ -203,49 +300,100 @@ class FederatedModule(L.LightningModule):
         """The flat tensor the server broadcasts to the cohort (default: global weights)."""
         return flat_parameters(self.model)
 
+    def client_downlink(self, *, client_id: int, round_idx: int, broadcast: Tensor) -> Tensor | None:
+        """A message of this client's own instead of the shared broadcast (default: ``None``, the broadcast)."""
+        return None
+
+    def make_aggregator(self, round_idx: int) -> Aggregator:
+        """Fresh sums for one round (default: the weighted mean of :attr:`uplink_numel`-vectors)."""
+        return WeightedMean(dim=self.uplink_numel, normalise=self.aggregation == "normalised", device=self.device)
+
+    def upload_weight(self, *, client_id: int, num_samples: int, inclusion_probability: float) -> float:
+        """The coefficient of one upload: the client's share w_i, divided by p_i when unbiased."""
+        if self.client_weighting == "uniform":
+            share = 1.0 / self.num_clients
+        else:
+            share = num_samples / self._total_samples()
+        return share / inclusion_probability if self.aggregation == "unbiased" else share
+
+    def on_upload_decoded(self, *, client_id: int, round_idx: int, decoded: Tensor) -> None:
+        """Server-side bookkeeping of one decoded upload, on the process that holds the client."""
+
+    def server_delta(self, *, round_idx: int, aggregator: Aggregator) -> Tensor:
+        """The model delta Δ of the round; the server optimiser steps on −Δ (default: the estimate)."""
+        assert isinstance(aggregator, WeightedMean)
+        return aggregator.result()
+
+    def set_server_state(self, *, round_idx: int, aggregator: Aggregator) -> None:
+        """The new server state from the reduced sums (methods with ``sets_server_state``)."""
+        raise NotImplementedError(f"{type(self).__name__} sets its server state but does not say how.")
+
+    def server_metrics(self, round_idx: int) -> dict[str, float]:
+        """Diagnostics logged after the server step (default: none)."""
+        return {}
+
+    # ------------------------------------------------------------------ method hooks: client
     def local_loss(self, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
         """Loss of one local mini-batch (default: cross-entropy)."""
         return self.loss_fn(model(x), y)
+
+    def make_client_optimizer(self, params: ParamsT, *, client_id: int, round_idx: int) -> torch.optim.Optimizer:
+        """The optimiser of one client in one round (override for per-client step sizes)."""
+        return self.client_optimizer(params)
+
+    def on_local_step_end(self, model: nn.Module) -> None:
+        """Called after each local optimiser step of the default client (e.g. a projection)."""
 
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
         """Local training on one client from the broadcast it decoded; uploads the model delta."""
         model = self.client_model
         assign_flat_(model, received)
-        loss, num_samples = self.local_train(client_id=client_id, round_idx=round_idx, model=model)
-        return ClientResult(upload=flat_parameters(model) - received, num_samples=num_samples, loss=loss)
-
-    def local_train(self, *, client_id: int, round_idx: int, model: nn.Module) -> tuple[Tensor, int]:
-        """Local SGD on one client's data, in place on ``model``; returns (mean loss, samples).
-
-        Runs ``local_epochs`` (or ``local_steps``) of :meth:`local_loss` with a fresh
-        ``client_optimizer``, batches and augmentation from the client's own streams, and
-        :meth:`on_local_step_end` after every step.
-        """
         model.train()
-        optimizer = self.client_optimizer(model.parameters())
+        done = self.local_train(
+            client_id=client_id,
+            round_idx=round_idx,
+            params=model.parameters(),
+            batch_loss=lambda x, y: self.local_loss(model, x, y),
+            after_step=lambda: self.on_local_step_end(model),
+        )
+        return ClientResult(upload=flat_parameters(model) - received, num_samples=done.num_samples, loss=done.loss)
+
+    # ------------------------------------------------------------------ the local-training routine
+    def local_train(
+        self,
+        *,
+        client_id: int,
+        round_idx: int,
+        params: ParamsT,
+        batch_loss: Callable[[Tensor, Tensor], Tensor],
+        after_step: Callable[[], None] | None = None,
+    ) -> LocalTraining:
+        """Local mini-batch training of ``params`` on one client's data, in place.
+
+        Runs ``local_epochs`` (or ``local_steps``) steps with the optimiser of
+        :meth:`make_client_optimizer`: batches and augmentation from the client's own streams,
+        ``batch_loss(x, y)`` (which may draw from its own streams, e.g. masks or gates),
+        ``loss.backward()``, clipping to ``max_grad_norm``, the optimiser step, then
+        ``after_step()``.
+        """
+        optimizer = self.make_client_optimizer(params, client_id=client_id, round_idx=round_idx)
+        trained = [p for group in optimizer.param_groups for p in group["params"]]
         x, y = self.client_data(client_id)
         augment_gen = self.generator(round_idx, client_id, "augment")
         loss_sum = torch.zeros((), device=self.device)
         steps = 0
         for idx in self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)):
             optimizer.zero_grad(set_to_none=True)
-            loss = self.local_loss(model, self.datamodule.augment(x[idx], augment_gen), y[idx])
+            loss = batch_loss(self.datamodule.augment(x[idx], augment_gen), y[idx])
             loss.backward()
             if self.max_grad_norm is not None:
-                nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+                nn.utils.clip_grad_norm_(trained, self.max_grad_norm)
             optimizer.step()
-            self.on_local_step_end(model)
+            if after_step is not None:
+                after_step()
             loss_sum += loss.detach()
             steps += 1
-        return loss_sum / max(steps, 1), len(y)
-
-    def on_local_step_end(self, model: nn.Module) -> None:
-        """Called after each local optimiser step (e.g. a projection such as hard thresholding)."""
-
-    def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
-        """Pseudo-gradient for the server optimiser: −(sample-weighted mean of client deltas)."""
-        weights = normalised_weights(torch.tensor([u.num_samples for u in uploads]))
-        return -weighted_mean(torch.stack([u.update for u in uploads]), weights.to(self.device))
+        return LocalTraining(loss=loss_sum / max(steps, 1), steps=steps, num_samples=len(y), optimizer=optimizer)
 
     # ------------------------------------------------------------------ helpers for methods
     def client_data(self, client_id: int) -> tuple[Tensor, Tensor]:
@@ -263,84 +411,181 @@ class FederatedModule(L.LightningModule):
             generator=self.generator(round_idx, client_id, "batches"),
         )
 
-    # ------------------------------------------------------------------ the round
-    def _federated_callbacks(self) -> list[FederatedCallback]:
-        return [cb for cb in self.trainer.callbacks if isinstance(cb, FederatedCallback)]  # type: ignore[attr-defined]
+    def reduce_sum(self, tensor: Tensor) -> Tensor:
+        """``tensor`` summed over the processes (itself with one process)."""
+        if self.world_size == 1:
+            return tensor
+        return self.trainer.strategy.reduce(tensor, reduce_op="sum")
 
-    def _select_cohort(self, round_idx: int) -> Cohort:
-        samplers = [cb for cb in self._federated_callbacks() if isinstance(cb, ClientSampler)]
+    # ------------------------------------------------------------------ the round
+    def federated_callbacks(self) -> Iterator[FederatedCallback]:
+        """The trainer's callbacks that take part in rounds (empty outside a trainer)."""
+        trainer = self.attached_trainer
+        for cb in trainer.callbacks if trainer is not None else ():  # type: ignore[attr-defined]
+            if isinstance(cb, FederatedCallback):
+                yield cb
+
+    def client_sampler(self) -> ClientSampler | None:
+        """The one active client sampler, if any."""
+        samplers = [cb for cb in self.federated_callbacks() if isinstance(cb, ClientSampler)]
         if len(samplers) > 1:
             raise ConfigError(
                 f"Only one client sampler may be active, found {len(samplers)}; keep a single sampler=... choice."
             )
-        if not samplers:
-            return Cohort.full(round_idx=round_idx, num_clients=self.num_clients)
-        return samplers[0].select_cohort(self.trainer, self, round_idx)
-
-    def _encode(self, encoded: Iterable[Message | None], default: Callable[[], Message]) -> Message:
-        for message in encoded:
-            if message is not None:
-                return message
-        return default()
+        return samplers[0] if samplers else None
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         round_idx = self.global_step
         started = time.perf_counter()
-        callbacks = self._federated_callbacks()
+        callbacks = list(self.federated_callbacks())
+        trainer = self.trainer
         for cb in callbacks:
-            cb.on_round_start(self.trainer, self, round_idx)
-        cohort = self._select_cohort(round_idx)
-        for cb in callbacks:
-            cb.on_cohort_selected(self.trainer, self, cohort)
+            cb.on_round_start(trainer, self, round_idx)
 
-        state = self.broadcast_state(round_idx)
-        down = self._encode(
-            (cb.encode_downlink(self.trainer, self, round_idx, state) for cb in callbacks),
-            lambda: self.downlink_codec.encode(state),
+        # select
+        sampler = self.client_sampler()
+        cohort = (
+            sampler.select_cohort(trainer, self, round_idx)
+            if sampler is not None
+            else Cohort.full(round_idx=round_idx, num_clients=self.num_clients)
         )
         for cb in callbacks:
-            cb.on_server_broadcast(self.trainer, self, round_idx, down, cohort)
-        received = down.decode().to(self.device)
+            cb.on_cohort_selected(trainer, self, cohort)
+        share = self.share_of(cohort)
 
-        uploads: list[ClientUpload] = []
-        losses: list[Tensor] = []
-        for client_id in cohort.client_ids:
+        # downlink
+        broadcast_state = self.broadcast_state(round_idx)
+        broadcast = self.downlink_channel.encode(
+            broadcast_state,
+            client_id=SERVER,
+            generator=self.generator(round_idx, SERVER, "compress_downlink"),
+            state=self.client_state,
+        )
+        received_broadcast = broadcast.decode().to(self.device)
+
+        # local work, then (unless uploaders are chosen afterwards) uplink and accumulate
+        aggregator = self.make_aggregator(round_idx)
+        probability = dict(zip(cohort.client_ids, cohort.inclusion_probabilities.tolist(), strict=True))
+        stats = torch.zeros(2 + len(self.client_metric_names), dtype=torch.float64)  # loss sum, clients, metrics
+        buffered: list[tuple[int, ClientResult]] = []
+        choose = sampler is not None and sampler.chooses_uploaders
+        for client_id in share:
+            message = broadcast
+            own = self.client_downlink(client_id=client_id, round_idx=round_idx, broadcast=broadcast_state)
+            if own is not None:
+                if self.downlink_channel.compressor is not None:
+                    raise ConfigError(
+                        f"{type(self).__name__} sends each client its own message, which a downlink compressor "
+                        "(a broadcast replica) cannot serve; use downlink=none."
+                    )
+                message = self.downlink_channel.codec.encode(own)
+            for cb in callbacks:
+                cb.on_client_downlink(trainer, self, round_idx, client_id, message)
+            received = received_broadcast if message is broadcast else message.decode().to(self.device)
             result = self.client_update(client_id=client_id, round_idx=round_idx, received=received)
             self._check_finite(result, client_id, round_idx)
-            message = self._encode(
-                (cb.encode_uplink(self.trainer, self, round_idx, client_id, result.upload) for cb in callbacks),
-                lambda: self.uplink_codec.encode(result.upload),  # noqa: B023 - called inside this iteration
-            )
-            for cb in callbacks:
-                cb.on_client_upload(self.trainer, self, round_idx, client_id, message)
-            uploads.append(ClientUpload(client_id, message.decode().to(self.device), result.num_samples))
-            losses.append(result.loss)
+            stats[0] += float(result.loss)
+            stats[1] += 1
+            if choose:
+                buffered.append((client_id, result))
+            else:
+                self._upload(callbacks, aggregator, round_idx, client_id, result, probability[client_id], stats)
 
-        pseudo_gradient = self.server_update(round_idx=round_idx, uploads=uploads, cohort=cohort)
+        if choose:
+            assert sampler is not None
+            norms = torch.zeros(len(cohort), dtype=torch.float64)
+            position = {cid: k for k, cid in enumerate(cohort.client_ids)}
+            for client_id, result in buffered:
+                norms[position[client_id]] = float(result.upload.double().norm())
+            uploaders = sampler.choose_uploaders(trainer, self, cohort, self.reduce_sum(norms))
+            chosen = dict(zip(uploaders.client_ids, uploaders.inclusion_probabilities.tolist(), strict=True))
+            for client_id, result in buffered:
+                if client_id in chosen:
+                    self._upload(callbacks, aggregator, round_idx, client_id, result, chosen[client_id], stats)
+            buffered.clear()
+
+        # reduce
+        aggregator.all_reduce(self.reduce_sum)
+        stats = self.reduce_sum(stats)
         for cb in callbacks:
-            cb.on_aggregate(self.trainer, self, round_idx, pseudo_gradient)
-        optimizer = self.optimizers()
-        optimizer.zero_grad()  # type: ignore[union-attr]
-        set_flat_grad_(self.server_parameters(), pseudo_gradient)
-        optimizer.step()  # type: ignore[union-attr]
+            cb.on_aggregate(trainer, self, round_idx, aggregator)
 
-        train_loss = torch.stack(losses).mean()
-        metrics: dict[str, Any] = {"train/loss": train_loss, "time/round_s": time.perf_counter() - started}
-        self.log("train/loss", train_loss, on_step=True, on_epoch=False)
-        self.log("time/round_s", metrics["time/round_s"], on_step=True, on_epoch=False)
+        # apply
+        optimizer = self.optimizers()
+        if aggregator.empty:
+            log.warning("Round %d: no upload reached the server; the server state is unchanged.", round_idx)
+        elif self.sets_server_state:
+            self.set_server_state(round_idx=round_idx, aggregator=aggregator)
+        else:
+            optimizer.zero_grad()  # type: ignore[union-attr]
+            set_flat_grad_(self.server_parameters(), -self.server_delta(round_idx=round_idx, aggregator=aggregator))
+        optimizer.step()  # type: ignore[union-attr]  # also the round counter (global_step)
+
+        clients = max(float(stats[1]), 1.0)
+        metrics: dict[str, Any] = {
+            "train/loss": float(stats[0]) / clients,
+            "time/round_s": time.perf_counter() - started,
+        }
+        uploads = max(aggregator.count, 1)
+        for k, name in enumerate(self.client_metric_names):
+            metrics[name] = float(stats[2 + k]) / uploads
+        metrics.update(self.server_metrics(round_idx))
+        for name, value in metrics.items():
+            self.log(name, float(value), on_step=True, on_epoch=False)
         self.log("round", float(round_idx + 1), on_step=True, on_epoch=False, prog_bar=True)
         for cb in callbacks:
-            cb.on_round_end(self.trainer, self, round_idx, metrics)
+            cb.on_round_end(trainer, self, round_idx, metrics)
+
+    def _upload(
+        self,
+        callbacks: Sequence[FederatedCallback],
+        aggregator: Aggregator,
+        round_idx: int,
+        client_id: int,
+        result: ClientResult,
+        inclusion_probability: float,
+        stats: Tensor,
+    ) -> None:
+        trainer = self.trainer
+        if any(cb.drops_upload(trainer, self, round_idx, client_id) for cb in callbacks):
+            for cb in callbacks:
+                cb.on_upload_dropped(trainer, self, round_idx, client_id)
+            return
+        message = self.uplink_channel.encode(
+            result.upload,
+            client_id=client_id,
+            generator=self.generator(round_idx, client_id, "compress"),
+            state=self.client_state,
+        )
+        for cb in callbacks:
+            cb.on_client_upload(trainer, self, round_idx, client_id, message)
+        decoded = message.decode().to(self.device)
+        self.on_upload_decoded(client_id=client_id, round_idx=round_idx, decoded=decoded)
+        weight = self.upload_weight(
+            client_id=client_id, num_samples=result.num_samples, inclusion_probability=inclusion_probability
+        )
+        aggregator.accumulate(decoded, weight=weight)
+        for k, name in enumerate(self.client_metric_names):
+            stats[2 + k] += float(result.metrics[name])
+
+    def _total_samples(self) -> int:
+        total = self.__dict__.get("_total_samples_cache")
+        if total is None:
+            total = int(sum(self.datamodule.client_sizes))
+            self.__dict__["_total_samples_cache"] = total
+        return total
 
     def _check_finite(self, result: ClientResult, client_id: int, round_idx: int) -> None:
         if not (torch.isfinite(result.loss).all() and torch.isfinite(result.upload).all()):
             raise NonFiniteLossError(
-                f"Client {client_id} produced a non-finite loss ({result.loss.item():.4g}) in round {round_idx}; "
+                f"Client {client_id} produced a non-finite loss ({float(result.loss):.4g}) in round {round_idx}; "
                 "lower the client learning rate (method.client_optimizer.lr) or set method.max_grad_norm."
             )
 
     # ------------------------------------------------------------------ Lightning plumbing
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.sets_server_state:
+            return RoundClock(self.server_parameters())
         return self.server_optimizer(self.server_parameters())
 
     def train_dataloader(self) -> DataLoader[int]:
@@ -391,7 +636,19 @@ class FederatedModule(L.LightningModule):
         self.test_loss.reset()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["client_state"] = self.client_state.state_dict()
+        # Every process holds its own clients' state: the checkpoint gets all of it.
+        state = self.client_state.state_dict()
+        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            parts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(parts, state)
+            state = {}
+            for rank, part in enumerate(parts):
+                for cid, entries in part.items():
+                    if cid == SERVER or cid % self.world_size == rank:
+                        state[cid] = entries
+        checkpoint["client_state"] = state
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.client_state.load_state_dict(checkpoint.get("client_state", {}))
+        # Keep only this process's clients (and the server's replicated entries).
+        self.client_state.retain(lambda cid: cid == SERVER or self.holds_client(cid))

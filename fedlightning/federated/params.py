@@ -1,7 +1,7 @@
 """Flat views of a model's parameters, copied (never aliased) in and out.
 
 ``torch.nn.utils.vector_to_parameters`` makes parameters *views* of the vector, so local
-training would silently write into the global state (lightning-fl-notes P1). These helpers
+training would silently write into the global state. These helpers
 copy instead.
 """
 

@@ -45,6 +45,10 @@ class ClientStateStore:
         """Store ``value`` for ``client_id`` under ``key``."""
         self._state.setdefault(client_id, {})[key] = value
 
+    def retain(self, keep: Callable[[int], bool]) -> None:
+        """Drop the state of every client for which ``keep(client_id)`` is false."""
+        self._state = {cid: entries for cid, entries in self._state.items() if keep(cid)}
+
     def clients(self) -> Iterator[int]:
         """Ids of clients that hold any state."""
         return iter(sorted(self._state))

@@ -11,14 +11,29 @@
 ========================  ============================================================
 """
 
-from fedlightning.methods.dcsgd import DCSGD
-from fedlightning.methods.diana import DIANA, VRDIANA
-from fedlightning.methods.eflops import EFLoPS
-from fedlightning.methods.fedavg import FedAvg
-from fedlightning.methods.fedavg_prune import FedAvgPrune
-from fedlightning.methods.fediht import FedIHT
-from fedlightning.methods.fedpm import FedPM
-from fedlightning.methods.supermask import Supermask
-from fedlightning.methods.zampling import Zampling
+from __future__ import annotations
 
-__all__ = ["DCSGD", "DIANA", "VRDIANA", "EFLoPS", "FedAvg", "FedAvgPrune", "FedIHT", "FedPM", "Supermask", "Zampling"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DCSGD": "dcsgd",
+    "DIANA": "diana",
+    "VRDIANA": "diana",
+    "EFLoPS": "eflops",
+    "FedAvg": "fedavg",
+    "FedAvgPrune": "fedavg_prune",
+    "FedIHT": "fediht",
+    "FedPM": "fedpm",
+    "Supermask": "supermask",
+    "Zampling": "zampling",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, so that using one method does not import every method family.
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"fedlightning.methods.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'fedlightning.methods' has no attribute {name!r}")

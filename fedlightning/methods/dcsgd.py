@@ -9,7 +9,8 @@ operators), with ``compressor.error_feedback=true`` it is exactly Algorithm 4/6
 (``C(e_i + η g_i)``). The server averages the decoded steps uniformly (``f = (1/n) Σ f_i``) and
 applies them (server SGD with lr 1); ``downlink=<name>`` adds master compression (Algorithm 1).
 
-Step size ``lr="auto"`` reads the operator's metadata (:func:`uplink_compressor`):
+Step size ``lr="auto"`` reads the operator's metadata from the uplink channel
+(``module.uplink_channel.metadata(d)``):
 
 * unbiased, no EF: ``η = 1/(2 δ_n L)``, ``δ_n = ω/n + 1`` (Theorem 5.4.5);
 * error feedback (any operator): ``η = 1/(14 (2δ + B) L)`` with ``B = 0`` for full
@@ -30,9 +31,10 @@ import torch
 from torch import Tensor, nn
 
 from fedlightning.errors import ConfigError
-from fedlightning.federated.cohort import Cohort
-from fedlightning.federated.module import ClientResult, ClientUpload, FederatedModule
-from fedlightning.federated.params import assign_flat_
+from fedlightning.federated.channel import ChannelMetadata
+from fedlightning.federated.module import ClientResult, FederatedModule
+from fedlightning.federated.params import assign_flat_, num_parameters
+from fedlightning.federated.payloads import Payload
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,9 @@ __all__ = ["DCSGD", "GradientMethod"]
 class GradientMethod(FederatedModule):
     """Shared machinery of one-gradient-per-round methods (DCSGD, DIANA, VR-DIANA).
 
+    Clients upload (scaled) gradients; the server averages them uniformly over the uploaders
+    (``f = (1/N) Σ f_i``) and steps with SGD(lr=1) on the mean.
+
     Args:
         lr: step size, or ``"auto"`` (see the method's rule).
         l2: ℓ2 regularisation ``(l2/2)‖x‖²`` inside every ``f_ij`` (makes logistic regression
@@ -50,6 +55,9 @@ class GradientMethod(FederatedModule):
         full_gradient: use the full local gradient instead of a mini-batch of ``batch_size``.
         log_objective: log ``opt/objective`` (the full objective over all clients) each round.
     """
+
+    uplink_payload = Payload.GRADIENT
+    client_weighting = "uniform"
 
     def __init__(
         self,
@@ -61,7 +69,6 @@ class GradientMethod(FederatedModule):
         log_objective: bool = True,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("server_optimizer", lambda params: torch.optim.SGD(params, lr=1.0))
         super().__init__(**kwargs)
         if isinstance(lr, str) and lr != "auto":
             raise ConfigError(f"method.lr must be a number or 'auto' (got {lr!r}).")
@@ -131,31 +138,16 @@ class GradientMethod(FederatedModule):
             best = max(best, float((x.reshape(len(x), -1).double() ** 2).sum(1).max()) + 1.0)
         return 0.5 * best + self.l2
 
-    def compression_metadata(self) -> dict[str, Any]:
-        """ω, δ, unbiasedness and error feedback of the uplink operator."""
-        from fedlightning.callbacks.compression import UplinkCompression, uplink_compressor
+    def compression_metadata(self) -> ChannelMetadata:
+        """ω, δ, unbiasedness and error feedback of the uplink channel's operator."""
+        return self.uplink_channel.metadata(num_parameters(self.model))
 
-        op, d = uplink_compressor(self)
-        callbacks = self.trainer.callbacks  # type: ignore[attr-defined]
-        ef = any(isinstance(cb, UplinkCompression) and cb.error_feedback for cb in callbacks)
-        return {
-            "unbiased": op.unbiased,
-            "omega": op.omega(d),
-            "delta": op.delta(d),
-            "error_feedback": ef,
-            "name": op.name,
-        }
-
-    def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
-        """Uniform mean of the decoded uploads, negated (``f = (1/n) Σ f_i``)."""
-        return -torch.stack([u.update for u in uploads]).mean(0)
-
-    def training_step(self, batch: Any, batch_idx: int) -> None:
-        super().training_step(batch, batch_idx)
-        if self.log_objective:
-            value = self.objective()
-            self.objective_history.append(value)
-            self.log("opt/objective", value, on_step=True, on_epoch=False)
+    def server_metrics(self, round_idx: int) -> dict[str, float]:
+        if not self.log_objective:
+            return {}
+        value = self.objective()
+        self.objective_history.append(value)
+        return {"opt/objective": value}
 
 
 class DCSGD(GradientMethod):
@@ -168,14 +160,15 @@ class DCSGD(GradientMethod):
         meta = self.compression_metadata()
         L = self.smoothness()
         n = self.num_clients
-        if meta["error_feedback"]:
+        if meta.error_feedback:
             b = 0.0 if self.full_gradient else 1.0
-            self.lr = 1.0 / (14 * (2 * meta["delta"] + b) * L)
-        elif meta["unbiased"]:
-            delta_n = meta["omega"] / n + 1
+            self.lr = 1.0 / (14 * (2 * meta.delta + b) * L)
+        elif meta.unbiased:
+            assert meta.omega is not None
+            delta_n = meta.omega / n + 1
             self.lr = 1.0 / (2 * delta_n * L)
         else:
-            self.lr = 1.0 / (meta["delta"] * L)
+            self.lr = 1.0 / (meta.delta * L)
         log.info("DCSGD step size %.4g from %s and L = %.4g", self.lr, meta, L)
 
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:

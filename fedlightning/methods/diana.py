@@ -3,7 +3,7 @@
 Client ``i`` keeps a shift ``h_i`` (``module.client_state``, zero at start) and uploads
 ``g_i − h_i``; the uplink callback (``compressor=<name>``, an unbiased operator) compresses it
 to ``Δ̂_i``. Both sides then set ``h_i ← h_i + α Δ̂_i`` (the server's copy is updated from the
-decoded message in :meth:`DIANA.server_update`, so client and server stay identical), and the
+decoded message in :meth:`DIANA.on_upload_decoded`, so client and server stay identical), and the
 server steps with ``g = h + mean_i Δ̂_i`` where ``h = (1/n) Σ_i h_i`` (kept under the server
 id), then ``h ← h + (α/n) Σ_i Δ̂_i``; with a cohort ``S`` the mean runs over ``S``.
 
@@ -35,8 +35,8 @@ from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
 from fedlightning.errors import ConfigError
-from fedlightning.federated.cohort import Cohort
-from fedlightning.federated.module import ClientResult, ClientUpload
+from fedlightning.federated.aggregators import Aggregator, WeightedMean
+from fedlightning.federated.module import ClientResult
 from fedlightning.federated.rng import SERVER
 from fedlightning.methods.dcsgd import GradientMethod
 
@@ -57,6 +57,8 @@ class DIANA(GradientMethod):
         Other arguments as :class:`~fedlightning.methods.dcsgd.GradientMethod`.
     """
 
+    supported_aggregation = ("normalised",)
+
     def __init__(self, *, variant: str = "full", alpha: float | str = "auto", **kwargs: Any) -> None:
         if variant not in _VARIANTS:
             raise ConfigError(f"method.variant must be one of {', '.join(_VARIANTS)} (got {variant!r}).")
@@ -72,11 +74,11 @@ class DIANA(GradientMethod):
     def on_fit_start(self) -> None:
         super().on_fit_start()
         meta = self.compression_metadata()
-        if not meta["unbiased"]:
-            raise ConfigError(f"DIANA needs an unbiased uplink compressor; {meta['name']} is biased.")
-        if meta["error_feedback"]:
+        if not meta.unbiased or meta.omega is None:
+            raise ConfigError(f"DIANA needs an unbiased uplink compressor; {meta.name} is biased.")
+        if meta.error_feedback:
             raise ConfigError("DIANA's shifts replace error feedback: set compressor.error_feedback=false.")
-        omega, n = float(meta["omega"]), self.num_clients
+        omega, n = float(meta.omega), self.num_clients
         if self.alpha_setting == "auto":
             self.alpha = 1.0 / (omega + 1.0)
         if self.lr_setting == "auto":
@@ -156,18 +158,21 @@ class DIANA(GradientMethod):
         return ClientResult(upload=g - h, num_samples=len(targets), loss=loss.detach())
 
     # ------------------------------------------------------------------ server side
-    def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
-        deltas = torch.stack([u.update for u in uploads])
+    def on_upload_decoded(self, *, client_id: int, round_idx: int, decoded: Tensor) -> None:
+        """Both sides apply h_i ← h_i + α Δ̂_i with the decoded message."""
+        h_i = self.client_state.get(client_id, "diana_h")
+        h_i = torch.zeros_like(decoded) if h_i is None else h_i
+        self.client_state.set(client_id, "diana_h", h_i + self.alpha * decoded)
+
+    def server_delta(self, *, round_idx: int, aggregator: Aggregator) -> Tensor:
+        """Δ = −γ (h + mean_S Δ̂_i); then h ← h + (α/n) Σ_S Δ̂_i."""
+        assert isinstance(aggregator, WeightedMean)
+        mean = aggregator.result()
         h = self.client_state.get(SERVER, "diana_h")
         if h is None:
-            h = torch.zeros_like(deltas[0])
-        g = h + deltas.mean(0)
-        for u in uploads:  # both sides apply h_i <- h_i + alpha * decoded message
-            h_i = self.client_state.get(u.client_id, "diana_h")
-            h_i = torch.zeros_like(u.update) if h_i is None else h_i
-            self.client_state.set(u.client_id, "diana_h", h_i + self.alpha * u.update)
-        self.client_state.set(SERVER, "diana_h", h + self.alpha * deltas.sum(0) / self.num_clients)
-        return self.lr * g  # the server optimiser is SGD(lr=1): x <- x - gamma g
+            h = torch.zeros_like(mean)
+        self.client_state.set(SERVER, "diana_h", h + self.alpha * mean * aggregator.count / self.num_clients)
+        return -self.lr * (h + mean)
 
 
 class VRDIANA(DIANA):

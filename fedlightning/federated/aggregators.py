@@ -1,0 +1,134 @@
+"""Aggregators: uploads folded into fixed-size sums as they arrive.
+
+An :class:`Aggregator` is the server-side state of one round. The engine calls
+``accumulate(decoded, weight=...)`` once per decoded upload (so memory does not depend on the
+cohort size), ``all_reduce(reduce)`` once when every process has accumulated its share of the
+cohort (one collective over one flat float64 tensor), and then hands the aggregator to the
+method's server step. Sums are kept in float64: the order in which processes add their shares
+then almost never changes the float32 result, so 1 and 2 processes give the same model.
+
+Partial participation (FedAvg, McMahan et al., arXiv 1602.05629; the unbiased estimator as in
+Horváth's thesis, arXiv 2207.00392, ch. 6). For a cohort S drawn with inclusion probabilities
+p_i and client shares w_i (n_i/n, or 1/N for uniform weighting) over the whole federation:
+
+* ``"normalised"``: Σ_{i∈S} w_i Δ_i / Σ_{i∈S} w_i, what FedAvg uses in practice (biased for
+  random cohorts, sums to one);
+* ``"unbiased"``: Σ_{i∈S} (w_i / p_i) Δ_i, whose expectation over the cohort is Σ_i w_i Δ_i.
+
+>>> shares, probs = torch.tensor([1 / 6, 2 / 6]), torch.tensor([2 / 3, 2 / 3])
+>>> participation_weights(shares, probs, "normalised").tolist()
+[0.3333333333333333, 0.6666666666666666]
+>>> participation_weights(shares, probs, "unbiased").tolist()
+[0.25, 0.5]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["Aggregator", "Estimator", "WeightedMean", "participation_weights"]
+
+Estimator = Literal["normalised", "unbiased"]
+Reduce = Callable[[Tensor], Tensor]
+ESTIMATORS: tuple[Estimator, ...] = ("normalised", "unbiased")
+
+
+def participation_weights(shares: Tensor, inclusion_probabilities: Tensor, estimator: Estimator) -> Tensor:
+    """The coefficient of each cohort member's update (float64).
+
+    Args:
+        shares: w_i of the cohort members (their weight in the full-participation objective).
+        inclusion_probabilities: p_i = P(i ∈ S).
+        estimator: ``"normalised"`` (w_i / Σ_S w_j) or ``"unbiased"`` (w_i / p_i).
+    """
+    w = shares.to(torch.float64)
+    if estimator == "normalised":
+        total = w.sum()
+        if total <= 0:
+            raise ValueError("Cannot aggregate a cohort whose clients have zero weight.")
+        return w / total
+    if estimator == "unbiased":
+        return w / inclusion_probabilities.to(torch.float64)
+    raise ValueError(f"Unknown estimator {estimator!r}; choose normalised or unbiased.")
+
+
+class Aggregator:
+    """Fixed-size sums over the uploads of one round (see the module docstring).
+
+    Subclasses keep their sums in :attr:`sums` (a flat float64 tensor) so that one
+    collective reduces all of them.
+    """
+
+    def __init__(self) -> None:
+        self.sums = torch.zeros(0, dtype=torch.float64)
+        self.count = 0
+        self._reduced = False
+
+    def accumulate(self, decoded: Tensor, *, weight: float) -> None:
+        """Fold one decoded upload in with coefficient ``weight``."""
+        raise NotImplementedError
+
+    def all_reduce(self, reduce: Reduce) -> None:
+        """Sum the state across processes (``reduce`` is an all-reduce with op sum)."""
+        packed = torch.cat([self.sums, torch.tensor([float(self.count)], dtype=torch.float64, device=self.sums.device)])
+        packed = reduce(packed)
+        self.sums, self.count = packed[:-1].clone(), round(float(packed[-1]))
+        self._reduced = True
+
+    @property
+    def empty(self) -> bool:
+        """No upload arrived (all dropped, or none sent)."""
+        return self.count == 0
+
+
+class WeightedMean(Aggregator):
+    """Σ_i c_i x_i and Σ_i c_i for uploads x_i of dimension ``dim``.
+
+    Args:
+        dim: length of every decoded upload.
+        normalise: divide by Σ_i c_i (the ``"normalised"`` estimator) or not (``"unbiased"``,
+            whose coefficients already are w_i / p_i).
+        device: where the sums live.
+
+    >>> agg = WeightedMean(dim=2, normalise=True)
+    >>> agg.accumulate(torch.tensor([1.0, 2.0]), weight=1.0)
+    >>> agg.accumulate(torch.tensor([3.0, 6.0]), weight=3.0)
+    >>> agg.result().tolist()
+    [2.5, 5.0]
+    """
+
+    def __init__(self, *, dim: int, normalise: bool, device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.dim = int(dim)
+        self.normalise = normalise
+        self.sums = torch.zeros(self.dim + 1, dtype=torch.float64, device=device)
+
+    def accumulate(self, decoded: Tensor, *, weight: float) -> None:
+        flat = decoded.reshape(-1)
+        if flat.numel() != self.dim:
+            raise ValueError(f"An upload of {flat.numel()} entries reached an aggregator of dimension {self.dim}.")
+        self.sums[: self.dim].add_(flat.to(self.sums), alpha=float(weight))
+        self.sums[self.dim] += float(weight)
+        self.count += 1
+
+    @property
+    def total_weight(self) -> float:
+        """Σ_i c_i."""
+        return float(self.sums[self.dim])
+
+    def weighted_sum(self) -> Tensor:
+        """Σ_i c_i x_i (float64)."""
+        return self.sums[: self.dim]
+
+    def result(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The estimate: the weighted sum, divided by the total weight if normalising."""
+        total = self.weighted_sum()
+        if self.normalise:
+            if self.total_weight <= 0:
+                raise ValueError("No upload reached the aggregator this round.")
+            total = total / self.total_weight
+        return total.to(dtype)

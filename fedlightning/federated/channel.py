@@ -1,0 +1,254 @@
+"""Channels: the one path from a payload to a :class:`Message`, per direction.
+
+Each :class:`FederatedModule` owns an uplink and a downlink :class:`Channel`. A channel holds
+
+* the payload its method declared (:class:`~fedlightning.federated.payloads.Payload`);
+* the method's own codec (IEEE floats, bit-packed masks, range-coded masks, sparse formats),
+  used when no operator is attached;
+* at most one compression operator, attached before training (``compressor=`` and
+  ``downlink=`` do this through :mod:`fedlightning.callbacks.compression`), applied to each
+  parameter tensor (``granularity="layer"``) or to the flat vector (``"model"``);
+* error-feedback memory (thesis arXiv 2207.00392, Algorithm 4/6), kept per client in the
+  module's checkpointed client state store;
+* the operator's ω, δ and unbiasedness (:meth:`Channel.metadata`), which step-size rules
+  (DCSGD, DIANA) read from here.
+
+An operator is only attached to a payload it :attr:`~fedlightning.compression.Compressor.accepts`;
+anything else stops with one sentence naming the method, the operator and what would fit.
+
+The downlink channel compresses a model broadcast against the clients' replica x̂
+(:class:`DownlinkChannel`): it sends C(x − x̂) and both sides set x̂ ← x̂ + C(x − x̂), so the
+compression error is re-sent next round instead of accumulating. The replica is server state
+(checkpointed under :data:`~fedlightning.federated.rng.SERVER`), starts at zero, and models a
+broadcast that all clients hear (each cohort member is charged for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor
+
+from fedlightning.errors import ConfigError
+from fedlightning.federated.message import Codec, Message
+from fedlightning.federated.payloads import Payload
+from fedlightning.federated.rng import SERVER
+
+if TYPE_CHECKING:
+    from fedlightning.compression.operators import Compressor
+    from fedlightning.federated.state import ClientStateStore
+
+__all__ = ["Channel", "ChannelMetadata", "DownlinkChannel", "ReplicaCodec", "incompatible_payload"]
+
+Direction = Literal["uplink", "downlink"]
+MEMORY_KEY = "ef_memory"
+"""Key of a client's error-feedback memory in the client state store."""
+REPLICA_KEY = "downlink_replica"
+"""Key of the clients' replica of the broadcast (server entry of the client state store)."""
+
+
+@dataclass(frozen=True)
+class ChannelMetadata:
+    """What a step-size rule needs to know of a channel's operator (thesis §1.6 conventions).
+
+    Attributes:
+        name: the operator (``identity`` when nothing is attached).
+        unbiased: E[C(x)] = x.
+        omega: ω with E‖C(x) − x‖² ≤ ω‖x‖² (``None`` for biased operators).
+        delta: δ with E‖C(x) − x‖² ≤ (1 − 1/δ)‖x‖².
+        error_feedback: whether the channel keeps error-feedback memory.
+        dim: the dimension these values refer to.
+    """
+
+    name: str
+    unbiased: bool
+    omega: float | None
+    delta: float
+    error_feedback: bool
+    dim: int
+
+
+def incompatible_payload(
+    *, method: str, direction: Direction, payload: Payload, compressor: str, accepts: frozenset[Payload]
+) -> ConfigError:
+    """The one-sentence refusal of an operator on a payload it does not understand."""
+    what = ", ".join(sorted(str(p) for p in accepts)) or "nothing"
+    return ConfigError(
+        f"{method}'s {direction} carries a {payload}, but the {direction} compressor {compressor} only "
+        f"compresses {what}; use {'compressor' if direction == 'uplink' else 'downlink'}=none (the method's own "
+        "codec) or a compressor for that payload."
+    )
+
+
+class Channel:
+    """One direction of a method's communication (see the module docstring).
+
+    Args:
+        direction: ``"uplink"`` or ``"downlink"``.
+        payload: what the method sends in this direction.
+        codec: the method's own wire format, used when no operator is attached.
+        method: the method's name, for error messages.
+    """
+
+    def __init__(self, *, direction: Direction, payload: Payload, codec: Codec, method: str) -> None:
+        self.direction: Direction = direction
+        self.payload = payload
+        self.codec = codec
+        self.method = method
+        self.compressor: Compressor | None = None
+        self.error_feedback = False
+        self.granularity: Literal["layer", "model"] = "layer"
+        self._block_sizes: list[int] = []
+        self._operators: dict[int, Compressor] = {}
+
+    # ------------------------------------------------------------------ configuration
+    @property
+    def compressed_payload(self) -> Payload:
+        """The payload the operator sees (the uplink payload itself)."""
+        return self.payload
+
+    def attach(
+        self,
+        compressor: Compressor,
+        *,
+        error_feedback: bool = False,
+        granularity: Literal["layer", "model"] = "layer",
+        block_sizes: list[int] | None = None,
+    ) -> None:
+        """Put ``compressor`` on this channel, or refuse it in one sentence.
+
+        Args:
+            compressor: the operator.
+            error_feedback: keep per-client memory e_i and compress e_i + v (Algorithm 4/6).
+            granularity: ``"layer"``: one operator application per block of ``block_sizes``
+                (the model's parameter tensors); ``"model"``: the flat vector.
+            block_sizes: sizes of the parameter tensors, in order.
+        """
+        if self.compressor is not None:
+            raise ConfigError(
+                f"The {self.direction} channel of {self.method} already has the compressor {self.compressor.name}; "
+                f"configure one {self.direction} compressor."
+            )
+        if granularity not in ("layer", "model"):
+            raise ConfigError(f"compressor granularity must be 'layer' or 'model' (got {granularity!r}).")
+        if self.compressed_payload not in compressor.accepts:
+            raise incompatible_payload(
+                method=self.method,
+                direction=self.direction,
+                payload=self.payload,
+                compressor=compressor.name,
+                accepts=compressor.accepts,
+            )
+        self.compressor = compressor
+        self.error_feedback = bool(error_feedback)
+        self.granularity = granularity
+        self._block_sizes = list(block_sizes or [])
+        self._operators.clear()
+
+    def operator(self, numel: int) -> Compressor:
+        """The operator as applied to a flat vector of ``numel`` entries (layer-wise if the blocks fit)."""
+        from fedlightning.compression.operators import Blockwise, Identity
+
+        if self.compressor is None:
+            return Identity()
+        if numel not in self._operators:
+            sizes = self._block_sizes
+            layerwise = self.granularity == "layer" and len(sizes) > 1 and sum(sizes) == numel
+            self._operators[numel] = Blockwise(self.compressor, sizes) if layerwise else self.compressor
+        return self._operators[numel]
+
+    def metadata(self, dim: int) -> ChannelMetadata:
+        """ω, δ and unbiasedness of what this channel applies to a ``dim``-vector."""
+        op = self.operator(dim)
+        return ChannelMetadata(
+            name=op.name,
+            unbiased=bool(op.unbiased),
+            omega=op.omega(dim) if op.unbiased else None,
+            delta=float(op.delta(dim)),
+            error_feedback=self.error_feedback,
+            dim=dim,
+        )
+
+    # ------------------------------------------------------------------ the wire
+    def encode(
+        self, x: Tensor, *, client_id: int, generator: torch.Generator, state: ClientStateStore
+    ) -> Message:
+        """The message that carries ``x`` from ``client_id`` (the sender) in this direction.
+
+        ``generator`` is the sender's compression stream; ``state`` holds error-feedback memory.
+        """
+        if self.compressor is None:
+            return self.codec.encode(x)
+        op = self.operator(x.numel())
+        if not self.error_feedback:
+            return op.compress(x, generator)
+        memory = state.get(client_id, MEMORY_KEY)
+        corrected = x if memory is None else memory.to(x.device) + x
+        message = op.compress(corrected, generator)
+        state.set(client_id, MEMORY_KEY, corrected - message.decode().to(x.device, x.dtype))
+        return message
+
+
+class ReplicaCodec:
+    """Decodes a downlink message as ``reference + C(x − reference)``."""
+
+    def __init__(self, compressor: Compressor, reference: Tensor) -> None:
+        self.compressor = compressor
+        self.reference = reference
+        self.name = f"replica[{compressor.name}]"
+
+    def encode(self, x: Tensor) -> Message:
+        raise TypeError("ReplicaCodec only decodes; DownlinkChannel.encode writes its messages.")
+
+    def decode(self, message: Message) -> Tensor:
+        inner = Message(payload=message.payload, num_bits=message.num_bits, codec=self.compressor, shape=message.shape)
+        return self.reference.reshape(message.shape) + self.compressor.decode(inner)
+
+
+class DownlinkChannel(Channel):
+    """The broadcast channel: a model payload is compressed as a delta against the clients' replica."""
+
+    def __init__(self, *, payload: Payload, codec: Codec, method: str) -> None:
+        super().__init__(direction="downlink", payload=payload, codec=codec, method=method)
+
+    @property
+    def compressed_payload(self) -> Payload:
+        """A model broadcast reaches the operator as the delta x − x̂; other payloads as they are."""
+        return Payload.MODEL_DELTA if self.payload is Payload.MODEL else self.payload
+
+    def attach(
+        self,
+        compressor: Compressor,
+        *,
+        error_feedback: bool = False,
+        granularity: Literal["layer", "model"] = "layer",
+        block_sizes: list[int] | None = None,
+    ) -> None:
+        if error_feedback:
+            raise ConfigError(
+                "The downlink replica already re-sends the compression error; downlink error feedback does not exist."
+            )
+        super().attach(compressor, granularity=granularity, block_sizes=block_sizes)
+
+    def encode(
+        self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator, state: ClientStateStore
+    ) -> Message:
+        if self.compressor is None:
+            return self.codec.encode(x)
+        op = self.operator(x.numel())
+        replica = state.get(SERVER, REPLICA_KEY)
+        if replica is None or replica.numel() != x.numel():
+            replica = torch.zeros_like(x)
+        replica = replica.to(x.device)
+        inner = op.compress(x - replica, generator)
+        message = Message(
+            payload=inner.payload,
+            num_bits=inner.num_bits,
+            codec=ReplicaCodec(op, replica.detach().clone()),
+            shape=inner.shape,
+            header_bits=inner.header_bits,
+        )
+        state.set(SERVER, REPLICA_KEY, message.decode().to(x.device))
+        return message
