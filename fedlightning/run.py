@@ -125,9 +125,6 @@ def run(
     datamodule = _build(cfg.data, "data", partition=partition, seed=int(cfg.seed))
     _user_errors("data", datamodule.prepare_data)
     _user_errors("data", datamodule.setup, "fit")
-    if cfg.get("save_partition", True):
-        datamodule.save_partition(output_dir / "partition.json")
-        datamodule.write_client_summary(output_dir / "clients.csv")
 
     data_name = choices.get("data") or getattr(datamodule, "name", type(datamodule).__name__)
     with torch.random.fork_rng(devices=[]):
@@ -159,7 +156,9 @@ def run(
     for group in ("compressor", "downlink"):  # uplink / downlink compression callbacks
         node = cfg.get(group)
         if node and "_target_" in node:
-            callbacks.append(_build(node, group))
+            callback = _build(node, group)
+            attach_compressor(callback, module, group)  # refuses a payload it does not understand, now
+            callbacks.append(callback)
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is not None:
             callbacks.append(_build(node, f"callbacks.{name}"))
@@ -179,7 +178,15 @@ def run(
         callbacks=callbacks,
         default_root_dir=str(output_dir),
     )
+    if trainer.is_global_zero and cfg.get("save_partition", True):
+        datamodule.save_partition(output_dir / "partition.json")
+        datamodule.write_client_summary(output_dir / "clients.csv")
     log.info("Run folder: %s", output_dir)
+    log.info(
+        "Aggregation: %s estimator over the uploaders (method.aggregation); %d process(es) share the cohort.",
+        module.aggregation,
+        trainer.world_size,
+    )
     log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     summary: dict[str, Any] = {}
     try:
@@ -201,6 +208,8 @@ def run(
             "rounds": trainer.global_step,
             "seed": int(cfg.seed),
             "num_clients": datamodule.num_clients,
+            "aggregation": module.aggregation,
+            "processes": trainer.world_size,
             "test/acc": metrics.get("test/acc"),
             "test/loss": metrics.get("test/loss"),
             "val/acc": metrics.get("val/acc"),
@@ -215,7 +224,8 @@ def run(
         summary.update(
             {k: v for k, v in metrics.items() if k.startswith(("test/", "val/", "model/")) and k not in summary}
         )
-        (output_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2))
+        if trainer.is_global_zero:  # one process writes the results
+            (output_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2))
         log.info(
             "test/%s %.4f | uplink %d bits (%.3gx vs float32) | downlink %d bits | %.1f s | %s",
             module.score_name,
@@ -237,6 +247,40 @@ def run(
 
             wandb.finish(exit_code=0 if summary else 1)
     return summary
+
+
+def attach_compressor(callback: Any, module: Any, group: str) -> None:
+    """Attach a ``compressor=``/``downlink=`` callback's operator to the module's channel, or refuse.
+
+    The refusal names the compressor configs of ``group`` that accept the method's payload.
+    """
+    attach = getattr(callback, "attach", None)
+    if attach is None:
+        return
+    try:
+        attach(module)
+    except ConfigError as exc:
+        channel = callback.channel(module)
+        fitting = compatible_compressors(group, channel.compressed_payload)
+        hint = f"{group} configs that fit: {', '.join(fitting)}" if fitting else f"no {group} config fits it"
+        raise ConfigError(f"{exc} ({hint}).") from None
+
+
+def compatible_compressors(group: str, payload: Any) -> list[str]:
+    """Names of the configs under ``configs/<group>/`` whose operator accepts ``payload``."""
+    from hydra.utils import get_class
+
+    from fedlightning.cli import config_dir
+
+    names = []
+    for path in sorted((Path(config_dir()) / group).glob("*.yaml")):
+        node = OmegaConf.load(path)
+        target = OmegaConf.select(node, "compressor._target_")
+        if target is None:
+            continue
+        if payload in getattr(get_class(target), "accepts", frozenset()):
+            names.append(path.stem)
+    return names
 
 
 def _is_scalar(value: Any) -> bool:

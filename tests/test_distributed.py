@@ -1,0 +1,94 @@
+"""The cohort sharded over 2 CPU processes (Lightning DDP, gloo) gives the 1-process run.
+
+Each 2-process run goes through the real command (``fedlightning ... trainer=ddp``), which
+is how Lightning's DDP launcher re-executes the script for the second process; the
+1-process reference runs in this process through :func:`fedlightning.run.run`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import DictConfig
+
+from fedlightning.run import run
+
+QUIET = ["logger=none", "trainer.enable_progress_bar=false"]
+CASES = {
+    "fedavg": ["rounds=2"],
+    "fedadam_uniform": ["rounds=2", "method=fedadam", "sampler=uniform", "clients_per_round=5"],
+    "top_k_error_feedback": ["rounds=2", "compressor=top_k_ef", "sampler=uniform", "clients_per_round=6"],
+    "diana": ["+experiment=diana_digits_quick", "rounds=3", "eval_every=3", "compressor=natural_dithering"],
+    "federated_zampling": ["rounds=2", "method=zampling", "model=digits_mlp", "method.val_samples=2",
+                           "method.test_samples=2", "method.compression=4"],
+}
+
+
+def run_two_processes(overrides: list[str], folder: Path) -> dict[str, Any]:
+    """``fedlightning <overrides> trainer=ddp`` (2 processes) with its run folder at ``folder``."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    env.pop("LOCAL_RANK", None)
+    command = [sys.executable, "-m", "fedlightning.cli", *QUIET, *overrides, "trainer=ddp", f"hydra.run.dir={folder}"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((folder / "summary.json").read_text())
+
+
+def records(folder: Path) -> list[dict[str, str]]:
+    with (folder / "comm_records.csv").open() as handle:
+        return sorted(csv.DictReader(handle), key=lambda r: (int(r["round"]), int(r["client"]), r["direction"]))
+
+
+def final_state(folder: Path) -> dict[str, torch.Tensor]:
+    return torch.load(folder / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_two_processes_reproduce_one_process_bits_and_accuracy(
+    case: str, make_config: Callable[..., DictConfig], tmp_path: Path
+) -> None:
+    overrides = CASES[case]
+    one = run(make_config(overrides), tmp_path / "one")
+    two = run_two_processes(overrides, tmp_path / "two")
+    assert two["processes"] == 2 and one["processes"] == 1
+    for key in ("comm/uplink_bits_total", "comm/downlink_bits_total", "comm/uplink_messages", "rounds"):
+        assert two[key] == one[key], key
+    assert records(tmp_path / "two") == records(tmp_path / "one")  # same cohort, same per-client bits
+    assert two["test/acc"] == pytest.approx(one["test/acc"], abs=1e-6)
+    a, b = final_state(tmp_path / "one"), final_state(tmp_path / "two")
+    assert a.keys() == b.keys()
+    for name in a:  # float64 sums: summation order moves the float32 result by at most a few ulps
+        assert torch.allclose(a[name].float(), b[name].float(), rtol=1e-5, atol=1e-6), name
+
+
+def test_only_the_first_process_writes_results(tmp_path: Path) -> None:
+    run_two_processes(["rounds=1"], tmp_path / "two")
+    rows = records(tmp_path / "two")
+    assert len(rows) == 2 * 10  # one downlink and one uplink row per client, not one set per process
+    assert len({(r["client"], r["direction"]) for r in rows}) == 20
+
+
+def test_resume_with_another_process_count_keeps_every_clients_state(
+    make_config: Callable[..., DictConfig], tmp_path: Path
+) -> None:
+    base = ["+experiment=diana_digits_quick", "compressor=natural_dithering", "eval_every=1", "checkpoint_every=0"]
+    straight = run(make_config([*base, "rounds=4"]), tmp_path / "straight")
+    run_two_processes([*base, "rounds=2"], tmp_path / "two")
+    ckpt = tmp_path / "two" / "checkpoints" / "last.ckpt"
+    saved = torch.load(ckpt, weights_only=False)["client_state"]
+    assert {cid for cid in saved if cid >= 0} == set(range(10))  # both processes' DIANA shifts h_i
+    resumed = run(make_config([*base, "rounds=4", f"ckpt_path={ckpt}"]), tmp_path / "resumed")
+    assert resumed["comm/uplink_bits_total"] == straight["comm/uplink_bits_total"]
+    assert resumed["test/acc"] == pytest.approx(straight["test/acc"], abs=1e-6)
+    a, b = final_state(tmp_path / "straight"), final_state(tmp_path / "resumed")
+    for name in a:
+        assert torch.allclose(a[name], b[name], rtol=1e-5, atol=1e-6), name
