@@ -1,0 +1,209 @@
+"""The phases of a round: partial-participation estimators, uploader choice, lost uploads, server steps."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import inspect
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+
+import fedlightning.methods as methods
+from fedlightning.callbacks.accounting import CommunicationAccountant
+from fedlightning.datamodules import DigitsDataModule, IIDPartition
+from fedlightning.errors import ConfigError
+from fedlightning.federated.aggregators import WeightedMean, participation_weights
+from fedlightning.federated.cohort import Cohort
+from fedlightning.federated.hooks import ClientSampler, FederatedCallback
+from fedlightning.federated.module import FederatedModule
+from fedlightning.federated.params import flat_parameters
+from fedlightning.methods import FedAvg
+from fedlightning.models import LogisticRegression
+from fedlightning.run import run
+from fedlightning.sampling import FullParticipation, UniformSampler
+
+
+def test_expected_weights_of_two_of_three_clients_drawn_uniformly() -> None:
+    # Clients hold 1, 2 and 3 samples; each pair is the cohort with probability 1/3, and each
+    # client is drawn with probability 2/3.
+    samples = torch.tensor([1.0, 2.0, 3.0])
+    shares = samples / samples.sum()
+    expected = {"normalised": torch.zeros(3, dtype=torch.float64), "unbiased": torch.zeros(3, dtype=torch.float64)}
+    for pair in itertools.combinations(range(3), 2):
+        idx = torch.tensor(pair)
+        for estimator in expected:
+            w = participation_weights(shares[idx], torch.full((2,), 2 / 3), estimator)  # type: ignore[arg-type]
+            expected[estimator][idx] += w / 3
+    assert torch.allclose(expected["normalised"], torch.tensor([7 / 36, 16 / 45, 9 / 20], dtype=torch.float64))
+    assert torch.allclose(expected["unbiased"], torch.tensor([1 / 6, 1 / 3, 1 / 2], dtype=torch.float64))
+
+
+def test_weighted_mean_sums_do_not_grow_with_the_number_of_uploads() -> None:
+    agg = WeightedMean(dim=5, normalise=True)
+    for k in range(100):
+        agg.accumulate(torch.full((5,), float(k)), weight=1.0)
+    assert agg.sums.numel() == 6 and agg.count == 100
+    assert torch.equal(agg.result(), torch.full((5,), 49.5))
+
+
+def _dm(num_clients: int = 4) -> DigitsDataModule:
+    dm = DigitsDataModule(num_clients=num_clients, partition=IIDPartition(), seed=0)
+    dm.setup("fit")
+    return dm
+
+
+def _fedavg(dm: DigitsDataModule, **kwargs: Any) -> FedAvg:
+    torch.manual_seed(0)
+    return FedAvg(
+        model=LogisticRegression(in_features=64, num_classes=10),
+        datamodule=dm,
+        client_optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        local_steps=1,
+        batch_size=10_000,
+        **kwargs,
+    )
+
+
+def _fit(module: FederatedModule, callbacks: list[Any], rounds: int = 1) -> None:
+    L.Trainer(
+        max_steps=rounds,
+        val_check_interval=rounds,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    ).fit(module)
+
+
+def test_upload_weight_is_the_share_divided_by_the_inclusion_probability_when_unbiased() -> None:
+    dm = _dm()
+    sizes = dm.client_sizes
+    unbiased = _fedavg(dm, aggregation="unbiased")
+    normalised = _fedavg(dm)
+    n = sum(sizes)
+    assert unbiased.upload_weight(client_id=1, num_samples=sizes[1], inclusion_probability=0.5) == pytest.approx(
+        2 * sizes[1] / n
+    )
+    assert normalised.upload_weight(client_id=1, num_samples=sizes[1], inclusion_probability=0.5) == pytest.approx(
+        sizes[1] / n
+    )
+
+
+def test_unbiased_round_applies_the_sum_of_share_over_probability_times_delta() -> None:
+    dm = _dm(num_clients=4)
+    plain = _fedavg(dm, aggregation="normalised")
+    unbiased = _fedavg(dm, aggregation="unbiased")
+    w0 = flat_parameters(plain.model)
+    _fit(plain, [UniformSampler(clients_per_round=2)])
+    _fit(unbiased, [UniformSampler(clients_per_round=2)])
+    cohort = UniformSampler(clients_per_round=2).select_cohort(None, plain, 0)  # type: ignore[arg-type]
+    sizes = torch.tensor([dm.client_sizes[c] for c in cohort.client_ids], dtype=torch.float64)
+    # Same deltas, so the unbiased step is the normalised one times Σ_S (w_i/p_i) = Σ_S w_i / (K/N).
+    scale = float(sizes.sum() / sum(dm.client_sizes) / 0.5)
+    step_plain = flat_parameters(plain.model) - w0
+    step_unbiased = flat_parameters(unbiased.model) - w0
+    assert torch.allclose(step_unbiased, scale * step_plain, atol=1e-6)
+
+
+def test_unbiased_aggregation_is_recorded_in_the_summary(
+    make_config: Callable[..., DictConfig], tmp_path: Path
+) -> None:
+    cfg = make_config(["rounds=2", "sampler=uniform", "clients_per_round=4", "method.aggregation=unbiased"])
+    summary = run(cfg, tmp_path)
+    assert summary["aggregation"] == "unbiased"
+    assert summary["test/acc"] > 0.1
+
+
+class _LargestUpdateUploads(ClientSampler):
+    """Full cohort; only the client with the largest update norm uploads (with probability one)."""
+
+    chooses_uploaders = True
+
+    def __init__(self) -> None:
+        self.norms: Tensor | None = None
+
+    def select_cohort(self, trainer: Any, module: Any, round_idx: int) -> Cohort:
+        return Cohort.full(round_idx=round_idx, num_clients=module.num_clients)
+
+    def choose_uploaders(self, trainer: Any, module: Any, cohort: Cohort, update_norms: Tensor) -> Cohort:
+        self.norms = update_norms.clone()
+        best = int(update_norms.argmax())
+        return Cohort(round_idx=cohort.round_idx, client_ids=(cohort.client_ids[best],),
+                      inclusion_probabilities=torch.ones(1))
+
+
+def test_a_sampler_chooses_uploaders_from_every_clients_update_norm(tmp_path: Path) -> None:
+    dm = _dm()
+    module = _fedavg(dm)
+    sampler = _LargestUpdateUploads()
+    accountant = CommunicationAccountant(records_path=tmp_path / "records.csv")
+    _fit(module, [sampler, accountant])
+    assert sampler.norms is not None and sampler.norms.shape == (4,) and bool((sampler.norms > 0).all())
+    with (tmp_path / "records.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["client"]) for r in rows if r["direction"] == "up"] == [int(sampler.norms.argmax())]
+    assert sum(r["direction"] == "down" for r in rows) == 4  # every cohort member trained
+
+
+class _LoseClient(FederatedCallback):
+    def __init__(self, client_id: int) -> None:
+        self.client_id = client_id
+        self.dropped: list[int] = []
+
+    def drops_upload(self, trainer: Any, module: Any, round_idx: int, client_id: int) -> bool:
+        return client_id == self.client_id
+
+    def on_upload_dropped(self, trainer: Any, module: Any, round_idx: int, client_id: int) -> None:
+        self.dropped.append(client_id)
+
+
+def test_a_lost_upload_is_neither_counted_nor_aggregated() -> None:
+    dm = _dm(num_clients=3)
+    lost, reference = _fedavg(dm), _fedavg(dm)
+    loser = _LoseClient(0)
+    accountant = CommunicationAccountant()
+    _fit(lost, [FullParticipation(), loser, accountant])
+    assert loser.dropped == [0]
+    assert accountant.summary()["comm/uplink_messages"] == 2
+    assert int(accountant.per_client[0, 0]) == 0 and int(accountant.per_client[0, 1]) > 0
+
+    class _TwoClients(ClientSampler):
+        def select_cohort(self, trainer: Any, module: Any, round_idx: int) -> Cohort:
+            return Cohort(round_idx=round_idx, client_ids=(1, 2), inclusion_probabilities=torch.ones(2))
+
+    _fit(reference, [_TwoClients()])  # the same round as if client 0 had never been drawn
+    assert torch.allclose(flat_parameters(lost.model), flat_parameters(reference.model), atol=1e-7)
+
+
+def test_a_method_that_sets_its_state_refuses_a_server_optimiser() -> None:
+    class _SetsState(FederatedModule):
+        sets_server_state = True
+
+    with pytest.raises(ConfigError, match="remove method.server_optimizer"):
+        _SetsState(model=LogisticRegression(in_features=64, num_classes=10), datamodule=_dm(),
+                   server_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+
+
+LIGHTNING_STEP_HOOKS = ("training_step", "on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step")
+
+
+@pytest.mark.parametrize("name", sorted(methods.__all__))
+def test_no_method_overrides_the_round_or_a_batch_hook(name: str) -> None:
+    cls = getattr(importlib.import_module("fedlightning.methods"), name)
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("fedlightning.methods"):
+            overridden = [hook for hook in LIGHTNING_STEP_HOOKS if hook in vars(klass)]
+            assert not overridden, f"{klass.__name__} overrides {overridden}"
+    source = inspect.getsource(importlib.import_module(cls.__module__))
+    assert "server_update" not in source and "ClientUpload" not in source
