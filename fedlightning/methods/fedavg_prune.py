@@ -1,25 +1,29 @@
 """FedAvg followed by post-training magnitude pruning (the E-FLoPS baseline).
 
 Training: FedAvg (McMahan et al., arXiv 1602.05629), dense in both directions (float32).
-Pruning: after training, keep the m = ⌊ρ |θ|⌋ largest |θ_j| (``scope="global"``, over the
-whole parameter vector, as method-references §8 suggests for a comparison with E-FLoPS) or
-the ⌊ρ |θ_l|⌋ largest of each parameter tensor (``scope="layer"``), without fine-tuning
-(E-FLoPS, arXiv 2607.00275, contrasts itself with "post-training pruning"). Validation and
-test evaluate the pruned network; ``model/density`` is its fraction of non-zeros.
+Pruning: after training, keep the m = ⌊ρ |θ|⌋ largest |θ_j| (``scope="global"``, the
+default: over the whole parameter vector, the same budget and the same selection scope as
+E-FLoPS' top-m, so the two are compared at equal density) or the ⌊ρ |θ_l|⌋ largest of each
+parameter tensor (``scope="layer"``), without fine-tuning (E-FLoPS, arXiv 2607.00275,
+contrasts itself with "post-training pruning"). Validation and test evaluate the pruned
+network; its test-time report (``model/density``, MACs, selected features) comes from the
+:class:`~fedlightning.callbacks.sparse_report.SparseModelReport` callback.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+import lightning as L
 import torch
 from torch import Tensor
 from torch.func import functional_call
 
+from fedlightning.callbacks.sparse_report import SparseModelReport
 from fedlightning.errors import ConfigError
 from fedlightning.federated.module import FederatedModule
 from fedlightning.federated.params import flat_parameters, num_parameters
-from fedlightning.metrics.sparse_report import SparseModelReport, unflatten
+from fedlightning.metrics.sparse_report import unflatten
 from fedlightning.metrics.sparsity import num_kept, top_m_mask
 
 __all__ = ["FedAvgPrune", "magnitude_prune"]
@@ -40,7 +44,7 @@ def magnitude_prune(flat: Tensor, sizes: list[int], rho: float, scope: Literal["
     return torch.cat(parts)
 
 
-class FedAvgPrune(SparseModelReport, FederatedModule):
+class FedAvgPrune(FederatedModule):
     """Dense FedAvg, evaluated after magnitude pruning to density ρ.
 
     Args:
@@ -68,6 +72,6 @@ class FedAvgPrune(SparseModelReport, FederatedModule):
     def forward(self, x: Tensor) -> Tensor:
         return functional_call(self.model, unflatten(self.model, self.evaluated_parameters()), (x,))
 
-    def on_test_epoch_end(self) -> None:
-        super().on_test_epoch_end()
-        self.report_sparse_model()
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The sparse-model report at test time (density, MACs, selected features)."""
+        return [SparseModelReport()]
