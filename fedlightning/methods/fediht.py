@@ -2,39 +2,41 @@
 
 Paper: Tong, Liang, Zhu, Bi, "Federated Nonconvex Sparse Learning", arXiv 2101.00052. The
 server keeps a τ-sparse global model: x_{t+1} = H_τ(Σ_k w_k x_k), where H_τ keeps the τ
-largest |·| of the *whole* parameter vector (here τ = m = ⌊ρ |θ|⌋, the E-FLoPS budget).
-``client_threshold`` chooses the client side:
+largest |·| of the *whole* parameter vector (here τ = m = ⌊ρ |θ|⌋, the E-FLoPS budget) and
+w_k = n_k / Σ_{k∈S} n_k over the uploaders (sample-weighted, normalised). The server sets this
+state itself from the aggregated models (no server optimiser). ``client_threshold`` chooses
+the client side:
 
-* ``"none"`` — Fed-HT: clients run local SGD and upload dense models (float32);
-* ``"upload"`` — clients threshold their model once before uploading (what the third-party
-  Flower baseline ``adap/flower:baselines/fedht`` calls ``iterht``);
-* ``"every_step"`` — FedIter-HT: clients project onto the τ-sparse set after every local step
+* ``"none"``: Fed-HT; clients run local SGD and upload dense models (float32);
+* ``"upload"``: clients threshold their model once before uploading;
+* ``"every_step"``: FedIter-HT; clients project onto the τ-sparse set after every local step
   (iterative hard thresholding), and upload the τ-sparse model.
 
-Differences from the Flower port, on purpose: thresholding is global over the whole vector
-(the port keeps ``num_keep`` entries per output row and never thresholds biases), and the
-global model starts from the model's initialisation thresholded to τ (the port starts from
-zeros, which cannot train a CNN). Sparse models cross the wire as index-coded positions plus
-float32 values (:class:`~fedlightning.compression.index_coding.SparseCodec`) in both
-directions; a dense upload (``"none"``) costs 32 |θ| bits. The server optimiser acts on the
-aggregate as in FedAvg (SGD(lr=1) is the paper's rule) and H_τ is applied after its step.
+Choices of this implementation: thresholding is global over the whole vector, biases
+included (not per output row), and the global model starts from the model's initialisation
+thresholded to τ (a start from zeros cannot train a CNN). Sparse models cross the wire as
+index-coded positions plus float32 values
+(:class:`~fedlightning.compression.index_coding.SparseCodec`, payload
+``Payload.SPARSE_MODEL``) in both directions; a dense upload (``"none"``, ``Payload.MODEL``)
+costs 32 |θ| bits.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-import torch
+import lightning as L
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedlightning.compression.codecs import Float32Codec
+from fedlightning.callbacks.sparse_report import SparseModelReport
 from fedlightning.compression.index_coding import SparseCodec
 from fedlightning.errors import ConfigError
-from fedlightning.federated.cohort import Cohort
-from fedlightning.federated.module import ClientResult, ClientUpload, FederatedModule
+from fedlightning.federated.aggregators import Aggregator, Estimator, WeightedMean
+from fedlightning.federated.module import ClientResult, FederatedModule
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters
-from fedlightning.metrics.sparse_report import SparseModelReport, unflatten
+from fedlightning.federated.payloads import Payload
+from fedlightning.metrics.sparse_report import unflatten
 from fedlightning.metrics.sparsity import num_kept, top_m_mask
 
 __all__ = ["FedIHT", "hard_threshold"]
@@ -50,14 +52,21 @@ def hard_threshold(x: Tensor, m: int) -> Tensor:
     return x * top_m_mask(x, m).to(x.dtype)
 
 
-class FedIHT(SparseModelReport, FederatedModule):
+class FedIHT(FederatedModule):
     """Federated hard thresholding (Fed-HT / FedIter-HT) to density ρ.
 
     Args:
         density: target density ρ (``method.density``); τ = m = ⌊ρ |θ|⌋.
         client_threshold: ``"none"`` (Fed-HT), ``"upload"`` or ``"every_step"`` (FedIter-HT).
-        **kwargs: the :class:`FederatedModule` arguments.
+        **kwargs: the :class:`FederatedModule` arguments (no ``server_optimizer``).
     """
+
+    uplink_payload = Payload.SPARSE_MODEL
+    downlink_payload = Payload.SPARSE_MODEL
+    sets_server_state = True
+    client_weighting = "samples"
+    supported_aggregation: ClassVar[tuple[Estimator, ...]] = ("normalised",)
+    """The new state is a mean of *models*: Σ (w_i/p_i) x_i would rescale the model itself."""
 
     def __init__(
         self,
@@ -79,40 +88,49 @@ class FedIHT(SparseModelReport, FederatedModule):
         self.rho = float(density)
         self.m = m
         self.client_threshold = client_threshold
-        self.downlink_codec = SparseCodec(value_codec="float32")
-        self.uplink_codec = Float32Codec() if client_threshold == "none" else SparseCodec(value_codec="float32")
-        self._project_global_()
+        self.downlink_channel.codec = SparseCodec(value_codec="float32")
+        if client_threshold == "none":  # Fed-HT: dense float32 models (the engine's default codec)
+            self.uplink_channel.payload = Payload.MODEL
+        else:
+            self.uplink_channel.codec = SparseCodec(value_codec="float32")
+        assign_flat_(self.model, hard_threshold(flat_parameters(self.model), self.m))  # x_0 = H_τ(init)
 
-    def _project_global_(self) -> None:
-        assign_flat_(self.model, hard_threshold(flat_parameters(self.model), self.m))
-
+    # ------------------------------------------------------------------ server
     def broadcast_state(self, round_idx: int) -> Tensor:
         return hard_threshold(flat_parameters(self.model), self.m)
 
+    def make_aggregator(self, round_idx: int) -> Aggregator:
+        """Σ_k w_k x_k and Σ_k w_k over the uploaded models (normalised in :meth:`set_server_state`)."""
+        return WeightedMean(dim=num_parameters(self.model), normalise=True, device=self.device)
+
+    def set_server_state(self, *, round_idx: int, aggregator: Aggregator) -> None:
+        """x_{t+1} = H_τ(Σ_k w_k x_k / Σ_k w_k)."""
+        assert isinstance(aggregator, WeightedMean)
+        assign_flat_(self.model, hard_threshold(aggregator.result(), self.m))
+
+    # ------------------------------------------------------------------ client
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
+        """Local training from the broadcast; uploads the local model (thresholded unless ``"none"``)."""
         model = self.client_model
         assign_flat_(model, received)
-        loss, num_samples = self.local_train(client_id=client_id, round_idx=round_idx, model=model)
+        model.train()
+
+        def project() -> None:  # FedIter-HT: back onto the τ-sparse set after every local step
+            assign_flat_(model, hard_threshold(flat_parameters(model), self.m))
+
+        done = self.local_train(
+            client_id=client_id,
+            round_idx=round_idx,
+            params=model.parameters(),
+            batch_loss=lambda x, y: self.local_loss(model, x, y),
+            after_step=project if self.client_threshold == "every_step" else None,
+        )
         local = flat_parameters(model)
         if self.client_threshold != "none":
             local = hard_threshold(local, self.m)
-        # Upload the (sparse) local model itself; the server forms the weighted mean of models.
-        return ClientResult(upload=local, num_samples=num_samples, loss=loss)
+        return ClientResult(upload=local, num_samples=done.num_samples, loss=done.loss)
 
-    def on_local_step_end(self, model: nn.Module) -> None:
-        if self.client_threshold == "every_step":  # FedIter-HT: project after every local step
-            assign_flat_(model, hard_threshold(flat_parameters(model), self.m))
-
-    def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
-        from fedlightning.federated.aggregation import normalised_weights, weighted_mean
-
-        weights = normalised_weights(torch.tensor([u.num_samples for u in uploads])).to(self.device)
-        mean_model = weighted_mean(torch.stack([u.update for u in uploads]), weights)
-        return flat_parameters(self.model) - mean_model  # −(mean client delta), as in FedAvg
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._project_global_()  # x_{t+1} = H_τ(server step on the aggregate)
-
+    # ------------------------------------------------------------------ evaluation
     def evaluated_parameters(self) -> Tensor:
         """The τ-sparse global model."""
         return hard_threshold(flat_parameters(self.model), self.m)
@@ -120,6 +138,6 @@ class FedIHT(SparseModelReport, FederatedModule):
     def forward(self, x: Tensor) -> Tensor:
         return functional_call(self.model, unflatten(self.model, self.evaluated_parameters()), (x,))
 
-    def on_test_epoch_end(self) -> None:
-        super().on_test_epoch_end()
-        self.report_sparse_model()
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The sparse-model report at test time (density, MACs, selected features)."""
+        return [SparseModelReport()]
