@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -12,10 +15,15 @@ import pytest
 import torch
 from torch import nn
 
+from fedlightning.callbacks.sparse_report import SparseModelReport
 from fedlightning.compression.index_coding import encode_positions
+from fedlightning.compression.operators import Sign
 from fedlightning.errors import ConfigError
+from fedlightning.federated.params import flat_parameters
+from fedlightning.federated.payloads import Payload
 from fedlightning.methods.eflops import (
     EFLoPS,
+    GatedUploadSums,
     GateMessageCodec,
     aggregate_gated_uploads,
     expand_groups,
@@ -84,6 +92,130 @@ def test_server_rebuild_hand_example() -> None:
     assert pi.tolist() == pytest.approx([0.6, 0.45, 0.6])
     _, pi = aggregate_gated_uploads(thetas, pis, torch.tensor([0.25, 0.75]), fill, senders_only=True)
     assert pi.tolist() == pytest.approx([0.65, 0.8, 0.9])  # like theta: mean over the senders
+
+
+def _module(**kwargs: object) -> EFLoPS:
+    """E-FLoPS on a 4-tensor MLP (|θ| = 54, m = 5) without data (server-side maths only)."""
+    model = nn.Sequential(nn.Linear(10, 4), nn.ReLU(), nn.Linear(4, 2))
+    return EFLoPS(density=0.1, model=model, datamodule=types.SimpleNamespace(task="regression"), **kwargs)  # type: ignore[arg-type]
+
+
+def _random_messages(module: EFLoPS, gen: torch.Generator, count: int) -> torch.Tensor:
+    """``count`` client messages with random supports (some coordinates sent by nobody)."""
+    rows = []
+    for _ in range(count):
+        log_alpha = torch.randn(module.dim, generator=gen) * 3
+        theta = torch.randn(module.dim, generator=gen)
+        rows.append(module._message(theta, log_alpha, torch.randn(1, generator=gen)))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("gate_aggregation", ["senders", "all"])
+@pytest.mark.parametrize("off_support_gates", ["resume", "reset"])
+def test_streaming_sums_match_the_stacked_rebuild(gate_aggregation: str, off_support_gates: str) -> None:
+    """The server's fixed-size sums give aggregate_gated_uploads on the stacked uploads (float64 vs float32)."""
+    module = _module(gate_aggregation=gate_aggregation, off_support_gates=off_support_gates)
+    gen = torch.Generator().manual_seed(7)
+    messages = _random_messages(module, gen, count=6)
+    samples = torch.tensor([3, 9, 1, 4, 4, 7])
+    d, groups = module.dim, module.num_groups
+    assert bool(((messages[:, d : 2 * d] > 0).sum(0) == 0).any())  # some coordinates nobody sent
+    weights = samples.double() / samples.sum()
+    if groups:
+        offs = messages[:, 2 * d : 2 * d + groups].clamp(module.pi_min, 1.0)
+        unsent: float | torch.Tensor = torch.stack([expand_groups(o, module.group_sizes) for o in offs])
+    else:
+        unsent = module.pi_min
+    theta_ref, pi_ref = aggregate_gated_uploads(
+        messages[:, :d], messages[:, d : 2 * d], weights.float(), unsent, senders_only=gate_aggregation == "senders"
+    )
+    lam_ref = (weights.float() * messages[:, -1]).sum().reshape(1)
+
+    aggregator = module.make_aggregator(round_idx=0)
+    assert isinstance(aggregator, GatedUploadSums) and aggregator.sums.dtype == torch.float64
+    assert aggregator.sums.numel() == 4 * d + 2  # independent of the cohort size
+    for row, n in zip(messages, samples.tolist(), strict=True):  # shares n_k / n of a 50-sample federation
+        aggregator.accumulate(row, weight=n / 50)
+    theta, pi, lam = aggregator.result()
+    torch.testing.assert_close(theta, theta_ref)
+    torch.testing.assert_close(pi, pi_ref)
+    torch.testing.assert_close(lam, lam_ref)
+
+    module.set_server_state(round_idx=0, aggregator=aggregator)  # what the server keeps
+    torch.testing.assert_close(flat_parameters(module.model), theta_ref)
+    log_alpha_ref = module.hc.log_alpha_from_prob_nonzero(pi_ref.clamp(module.pi_min, 1.0 - 1e-7))
+    torch.testing.assert_close(module.log_alpha.detach(), log_alpha_ref, rtol=1e-5, atol=1e-4)  # logit near 0 and 1
+    torch.testing.assert_close(module.lagrange.detach(), lam_ref)
+
+
+def test_streaming_sums_add_across_processes() -> None:
+    """Two processes' shares, summed by one all-reduce, give the one-process result."""
+    module = _module()
+    messages = _random_messages(module, torch.Generator().manual_seed(3), count=5)
+    whole, part_a, part_b = (module.make_aggregator(round_idx=0) for _ in range(3))
+    for k, row in enumerate(messages):
+        whole.accumulate(row, weight=0.1 * (k + 1))
+        (part_a if k % 2 else part_b).accumulate(row, weight=0.1 * (k + 1))
+    other = torch.cat([part_b.sums, torch.tensor([float(part_b.count)], dtype=torch.float64)])
+    part_a.all_reduce(lambda packed: packed + other)
+    assert part_a.count == whole.count == 5
+    for mine, reference in zip(part_a.result(), whole.result(), strict=True):
+        torch.testing.assert_close(mine, reference)
+
+
+def test_engine_contract() -> None:
+    """Gated sparse payloads both ways, a set server state, the sparse report as a model callback."""
+    module = _module()
+    assert module.sets_server_state and module.supported_aggregation == ("normalised",)
+    for channel in (module.uplink_channel, module.downlink_channel):
+        assert channel.payload is Payload.GATED_SPARSE and isinstance(channel.codec, GateMessageCodec)
+        assert channel.codec.num_groups == 4
+    assert module.uplink_numel == 2 * 54 + 4 + 1
+    for hook in ("configure_optimizers", "training_step", "on_train_batch_end", "on_test_epoch_end"):
+        assert hook not in vars(EFLoPS), hook  # the engine's round and Lightning's hooks are not overridden
+    assert [type(cb) for cb in module.configure_callbacks()] == [SparseModelReport]
+    assert set(module.server_metrics(0)) == {"eflops/lambda", "eflops/mean_prob_nonzero"}
+    with pytest.raises(ConfigError, match="gated sparse values"):
+        module.uplink_channel.attach(Sign())  # a dense operator does not understand the gated message
+    with pytest.raises(ConfigError, match="aggregation"):
+        _module(aggregation="unbiased")
+
+
+def test_client_update_runs_through_the_engine_routine() -> None:
+    """Local training is the engine's local_train (Adam groups: θ̃ and log α); repeatable from the streams."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 10, generator=gen)
+    y = x[:, :2] @ torch.tensor([1.0, -1.0])
+    data = types.SimpleNamespace(
+        task="regression", num_clients=1, client_sizes=[12], client_tensors=lambda k: (x, y), augment=lambda v, g: v
+    )
+    model = nn.Sequential(nn.Linear(10, 4), nn.ReLU(), nn.Linear(4, 1))
+    module = EFLoPS(
+        density=0.1,
+        model=model,
+        datamodule=data,
+        batch_size=4,
+        lambda_lr=0.1,
+        client_optimizer=lambda params: torch.optim.Adam(params, lr=0.01),
+    )
+    calls: list[dict[str, object]] = []
+    routine = module.local_train
+
+    def spy(**kwargs: object) -> object:
+        calls.append(kwargs)
+        return routine(**kwargs)  # type: ignore[arg-type]
+
+    module.local_train = spy  # type: ignore[method-assign,assignment]
+    received = GateMessageCodec(num_groups=module.num_groups).encode(module.broadcast_state(0)).decode()
+    first = module.client_update(client_id=0, round_idx=0, received=received)
+    again = module.client_update(client_id=0, round_idx=0, received=received)
+    assert len(calls) == 2 and torch.equal(first.upload, again.upload)
+    groups = calls[0]["params"]
+    assert isinstance(groups, list) and groups[1]["lr"] == module.log_alpha_lr
+    assert first.upload.numel() == module.uplink_numel and first.num_samples == 12
+    _, _, support, _, lam = unpack_gate_state(first.upload, module.num_groups)
+    assert int(support.sum()) == module.m and float(lam) != 0.0  # the dual variable moved
+    assert set(first.metrics) == set(module.client_metric_names) and 0 < first.metrics["eflops/local_density"] < 1
 
 
 def test_expected_gate_tail_is_positive_and_accurate() -> None:
@@ -167,23 +299,24 @@ def test_golub_quick_run(golub_cfg: Callable[..., object], tmp_path: Path) -> No
 def test_rejects_bad_config(golub_cfg: Callable[..., object], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"method\.density"):
         run(golub_cfg("method.density=0"), tmp_path)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="server_optimizer"):
-        run(golub_cfg("rounds=1", "method.server_optimizer.lr=0.5"), tmp_path / "b")  # type: ignore[arg-type]
+    server_optimizer = [
+        f"+method.server_optimizer.{k}" for k in ("_target_=torch.optim.SGD", "_partial_=true", "lr=0.5")
+    ]
+    with pytest.raises(ConfigError, match="server_optimizer"):  # the server sets its rebuilt state: none allowed
+        run(golub_cfg("rounds=1", *server_optimizer), tmp_path / "b")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"method\.prior"):
         run(golub_cfg("method.prior=laplace"), tmp_path / "c")  # type: ignore[arg-type]
 
 
 def test_density_estimators_and_priors_run(golub_cfg: Callable[..., object], tmp_path: Path) -> None:
-    summary = run(
-        golub_cfg(
-            "rounds=1",
-            "method.density_estimator=expected_gate",
-            "method.prior=uniform",
-            "method.quadrature_nodes=8",
-            "method.off_support=zero",
-        ),
-        tmp_path,
-    )  # type: ignore[arg-type]
+    cfg = golub_cfg(
+        "rounds=1",
+        "method.density_estimator=expected_gate",
+        "method.prior=uniform",
+        "method.quadrature_nodes=8",
+        "method.off_support=zero",
+    )
+    summary = run(cfg, tmp_path)  # type: ignore[arg-type]
     assert summary["model/density"] <= 0.02
 
 
@@ -199,6 +332,40 @@ def test_golub_density_reaches_target(golub_cfg: Callable[..., object], tmp_path
         summary = run(golub_cfg("rounds=30", f"seed={seed}", "eval_every=1000"), tmp_path / str(seed))  # type: ignore[arg-type]
         assert 0.9 * rho <= summary["model/density"] <= rho, summary["model/density"]
         assert summary["model/nonzero"] == m and summary["model/macs"] <= m
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["eflops", "fediht"])
+def test_two_processes_reproduce_one_process(method: str, golub_cfg: Callable[..., object], tmp_path: Path) -> None:
+    """The fixed-size sums all-reduced over 2 CPU processes (trainer=ddp) give the 1-process run."""
+    overrides = ["rounds=3", "eval_every=3", f"method={method}"]
+    cfg = golub_cfg(*overrides)
+    one = run(cfg, tmp_path / "one")  # type: ignore[arg-type]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    env.pop("LOCAL_RANK", None)
+    command = [
+        sys.executable,
+        "-m",
+        "fedlightning.cli",
+        "logger=none",
+        "trainer.enable_progress_bar=false",
+        "+experiment=golub_eflops_quick",
+        f"data.root={cfg.data.root}",  # type: ignore[attr-defined]
+        *overrides,
+        "trainer=ddp",
+        f"hydra.run.dir={tmp_path / 'two'}",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert (one["processes"], two["processes"]) == (1, 2)
+    for key in ("comm/uplink_bits_total", "comm/downlink_bits_total", "model/nonzero", "test/acc"):
+        assert two[key] == one[key], key
+    a, b = (
+        torch.load(tmp_path / k / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for k in ("one", "two")
+    )
+    for name in a:  # float64 sums: the order of the processes' shares moves the result by a few ulps
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -64,12 +64,20 @@ coordinates with ẑ = 0 tie at score 0 and are filled by the lower index).
   π̄ of every coordinate on which the clients' supports disagree; coordinates nobody sent get
   the weighted mean of the clients' statistics. The global log α is recovered from π̄ (the
   noise of the gates is not communicated); λ is the weighted mean of the clients' λ. The server
-  keeps the top-m of the rebuilt state for the next broadcast. The server "optimiser" must
-  therefore be SGD(lr=1) (the rebuilt state replaces the old one).
+  keeps the top-m of the rebuilt state for the next broadcast. Weights are the clients' sample
+  counts normalised over the uploaders (the only estimator: dividing by inclusion probabilities
+  is not defined for a rebuilt state). The rebuild replaces the old state, so the method sets
+  its server state itself (``sets_server_state``, no server optimiser); the uploads are folded
+  into fixed-size sums as they arrive (:class:`GatedUploadSums`, the streaming form of
+  :func:`aggregate_gated_uploads`), so server memory does not grow with the cohort.
+* Diagnostics per round: ``eflops/lambda`` and ``eflops/mean_prob_nonzero`` of the global
+  state, and ``eflops/local_density`` (the clients' last local D(φ), mean over the uploaders).
 
 Evaluation (``final_support``; validation, test, ``model/density``, ``model/macs`` and the
-selected features all use this one network). The budget is m = ⌊ρ |θ|⌋ coordinates, the size of
-every message, so the evaluated network keeps exactly m of them:
+selected features all use this one network; the test-time report is the callback
+:class:`~fedlightning.callbacks.sparse_report.SparseModelReport`). The budget is
+m = ⌊ρ |θ|⌋ coordinates, the size of every message, so the evaluated network keeps exactly m
+of them:
 
 * ``"top_m"`` (default): the mean-field network θ̃ ⊙ E[z] pruned to its m largest magnitudes,
   θ = (θ̃ ⊙ E[z])_S with S = top-m of |θ̃ ⊙ E[z]| (:func:`gated_top_m`). E[z] is the mean of the
@@ -84,28 +92,36 @@ every message, so the evaluated network keeps exactly m of them:
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
+import lightning as L
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fedlightning.callbacks.sparse_report import SparseModelReport
 from fedlightning.compression.bitstream import BitReader, BitWriter
 from fedlightning.compression.index_coding import read_positions, write_positions
 from fedlightning.errors import ConfigError
-from fedlightning.federated.cohort import Cohort
+from fedlightning.federated.aggregators import Aggregator, Estimator
 from fedlightning.federated.message import Message
-from fedlightning.federated.module import ClientResult, ClientUpload, FederatedModule
+from fedlightning.federated.module import ClientResult, FederatedModule
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters
+from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER
-from fedlightning.metrics.sparse_report import SparseModelReport, unflatten
+from fedlightning.metrics.sparse_report import unflatten
 from fedlightning.metrics.sparsity import num_kept, top_m_mask
 from fedlightning.models.hard_concrete import HardConcrete, bernoulli_kl, uniform_noise
 
 __all__ = [
+    "CONSTRAINT_SCALES",
+    "DENSITY_ESTIMATORS",
     "EFLoPS",
     "GateMessageCodec",
+    "GatedUploadSums",
     "aggregate_gated_uploads",
     "expand_groups",
     "gated_top_m",
@@ -162,6 +178,50 @@ def expand_groups(values: Tensor, sizes: list[int]) -> Tensor:
     [1.0, 1.0, 2.0]
     """
     return torch.repeat_interleave(values, torch.tensor(sizes, device=values.device))
+
+
+def log_constraint(density: Tensor, rho: float) -> Tensor:
+    """c = log D − log ρ (``constraint_scale="log"``): over- and undershoot by a factor move λ alike."""
+    return torch.log(density) - math.log(rho)
+
+
+def relative_constraint(density: Tensor, rho: float) -> Tensor:
+    """c = D/ρ − 1 (``"relative"``): a density at ρ/2 moves λ as fast as one at 1.5 ρ."""
+    return density / rho - 1.0
+
+
+def absolute_constraint(density: Tensor, rho: float) -> Tensor:
+    """c = D − ρ (``"absolute"``): dual steps below the target are ρ times smaller than the overshoot above it."""
+    return density - rho
+
+
+CONSTRAINT_SCALES: dict[str, Callable[[Tensor, float], Tensor]] = {
+    "log": log_constraint,
+    "relative": relative_constraint,
+    "absolute": absolute_constraint,
+}
+"""``constraint_scale`` → c(D, ρ); one feasible set (c ≤ 0 iff D ≤ ρ), different dual dynamics.
+
+>>> [round(float(CONSTRAINT_SCALES[k](torch.tensor(0.04), 0.02)), 4) for k in ("log", "relative", "absolute")]
+[0.6931, 1.0, 0.02]
+"""
+
+
+def prob_nonzero_density(hc: HardConcrete, log_alpha: Tensor, nodes: int) -> Tensor:
+    """D(φ) = mean_j P(z_j ≠ 0), the closed-form L0 surrogate (Louizos et al., arXiv 1712.01312)."""
+    return hc.prob_nonzero(log_alpha).mean()
+
+
+def expected_gate_density(hc: HardConcrete, log_alpha: Tensor, nodes: int) -> Tensor:
+    """D(φ) = mean_j E[z_j] by the midpoint rule over u with ``nodes`` points (the FLoPS text, arXiv 2512.23071)."""
+    return hc.expected_gate(log_alpha, nodes=nodes).mean()
+
+
+DENSITY_ESTIMATORS: dict[str, Callable[[HardConcrete, Tensor, int], Tensor]] = {
+    "prob_nonzero": prob_nonzero_density,
+    "expected_gate": expected_gate_density,
+}
+"""``density_estimator`` → D(hc, log α, quadrature nodes), differentiable in log α."""
 
 
 class GateMessageCodec:
@@ -253,6 +313,102 @@ def aggregate_gated_uploads(
     return theta, pi
 
 
+class GatedUploadSums(Aggregator):
+    """:func:`aggregate_gated_uploads` as fixed-size sums, folded in as each upload arrives.
+
+    For uploads k with coefficient w_k, sent_kj = [π_kj > 0] and fill_kj (client k's own
+    off-support statistic of j's parameter tensor, clamped to [π_min, 1]; π_min when messages
+    carry none), :attr:`sums` holds, in one flat float64 tensor (4 d + 2 entries whatever the
+    cohort size, so one all-reduce adds the shares of all processes):
+
+    ``[Σ w sent θ̃ (d) | Σ w sent (d) | Σ w sent π (d) | Σ w (1 − sent) fill (d) | Σ w λ | Σ w]``.
+
+    :meth:`result` then gives θ̃_j = Σ w sent θ̃ / Σ w sent (0 where nobody sent j), π̄_j as
+    the same mean over the senders (``senders_only``; Σ w fill / Σ w where nobody sent j) or
+    (Σ w sent π + Σ w (1 − sent) fill) / Σ w (every client counts), and λ = Σ w λ / Σ w. The
+    coefficients need not sum to one: every statistic is normalised by its own weight.
+
+    Args:
+        dim: |θ|, the number of gated coordinates.
+        group_sizes: sizes of the parameter tensors (for the per-tensor statistics).
+        num_groups: statistics per message (``len(group_sizes)``, or 0 for ``"reset"``).
+        pi_min: the floor of π (and the fill when messages carry no statistics).
+        senders_only: ``gate_aggregation="senders"``.
+        device: where the sums live.
+
+    >>> import torch
+    >>> agg = GatedUploadSums(dim=2, group_sizes=[2], num_groups=0, pi_min=0.0, senders_only=False)
+    >>> th, pi = torch.tensor([[2.0, 0.0], [4.0, 1.0]]), torch.tensor([[0.5, 0.0], [1.0, 0.8]])
+    >>> for k, (w, lam) in enumerate([(1.0, 1.0), (3.0, 3.0)]):  # the aggregate_gated_uploads example, λ too
+    ...     agg.accumulate(pack_gate_state(th[k], pi[k], pi[k] > 0, lam), weight=w)
+    >>> [t.tolist() for t in agg.result()]
+    [[3.5, 1.0], [0.875, 0.6000000238418579], [2.5]]
+    """
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        group_sizes: list[int],
+        num_groups: int,
+        pi_min: float,
+        senders_only: bool,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        if num_groups not in (0, len(group_sizes)) or sum(group_sizes) != dim:
+            raise ValueError(f"{num_groups} statistics for parameter tensors of sizes {group_sizes} (|θ| = {dim}).")
+        self.dim = int(dim)
+        self.group_sizes = list(group_sizes)
+        self.num_groups = int(num_groups)
+        self.pi_min = float(pi_min)
+        self.senders_only = senders_only
+        self.sums = torch.zeros(4 * self.dim + 2, dtype=torch.float64, device=device)
+
+    @property
+    def message_numel(self) -> int:
+        """Entries of one decoded message: [θ̃ (d), π (d), π_off (groups), λ]."""
+        return 2 * self.dim + self.num_groups + 1
+
+    def accumulate(self, decoded: Tensor, *, weight: float) -> None:
+        flat = decoded.reshape(-1)
+        if flat.numel() != self.message_numel:
+            raise ValueError(
+                f"An E-FLoPS message of {flat.numel()} entries reached the sums of "
+                f"{self.message_numel}-entry messages (|θ| = {self.dim})."
+            )
+        d, w = self.dim, float(weight)
+        theta, pi, sent, pi_off, lam = unpack_gate_state(flat, self.num_groups)
+        if self.num_groups:  # a non-sender of j counts at its own statistic of j's tensor
+            fill = expand_groups(pi_off.clamp(self.pi_min, 1.0), self.group_sizes)
+        else:
+            fill = torch.full_like(pi, self.pi_min)
+        s = sent.to(self.sums)
+        self.sums[:d].add_(s * theta.to(self.sums), alpha=w)
+        self.sums[d : 2 * d].add_(s, alpha=w)
+        self.sums[2 * d : 3 * d].add_(s * pi.to(self.sums), alpha=w)
+        self.sums[3 * d : 4 * d].add_((1.0 - s) * fill.to(self.sums), alpha=w)
+        self.sums[4 * d] += w * float(lam)
+        self.sums[4 * d + 1] += w
+        self.count += 1
+
+    def result(self, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
+        """(θ̃, π̄, λ) of the rebuilt global state (λ as a 1-vector)."""
+        d = self.dim
+        total = self.sums[4 * d + 1]
+        if float(total) <= 0:
+            raise ValueError("No upload reached the aggregator this round.")
+        theta_sum, mass, pi_sum, unsent = torch.split(self.sums[: 4 * d], d)
+        sent = mass > 0
+        theta = torch.where(sent, theta_sum / mass.clamp_min(1e-300), torch.zeros_like(mass))
+        if self.senders_only:  # π̄_j as θ̃_j: mean over the senders; the fill only where nobody sent j
+            pi = torch.where(sent, pi_sum / mass.clamp_min(1e-300), unsent / total)
+        else:
+            pi = (pi_sum + unsent) / total
+        lagrange = (self.sums[4 * d] / total).reshape(1)
+        return theta.to(dtype), pi.to(dtype), lagrange.to(dtype)
+
+
 def gated_top_m(theta: Tensor, gate: Tensor, m: int) -> Tensor:
     """θ ⊙ g on the ``m`` coordinates of largest |θ ⊙ g|, zeros elsewhere (ties: lower index).
 
@@ -264,7 +420,18 @@ def gated_top_m(theta: Tensor, gate: Tensor, m: int) -> Tensor:
     return torch.where(top_m_mask(weighted, m), weighted, torch.zeros_like(weighted))
 
 
-class EFLoPS(SparseModelReport, FederatedModule):
+@dataclass
+class _LocalGates:
+    """One client's local-training state in :meth:`EFLoPS.client_update` (shared by the loss and the dual step)."""
+
+    names: list[str]
+    sizes: list[int]
+    lagrange: float
+    data_loss_sum: Tensor
+    density: Tensor | None = None
+
+
+class EFLoPS(FederatedModule):
     """E-FLoPS with hard-concrete gates, a density constraint by dual ascent, and a KL term.
 
     Args:
@@ -298,8 +465,17 @@ class EFLoPS(SparseModelReport, FederatedModule):
         final_support: the evaluated network: ``"top_m"`` (default; the m largest |θ̃ ⊙ E[z]|,
             scaled by E[z], exactly m non-zeros) or ``"test_gate"`` (top-m by ``selection``
             times the test-time gate ẑ, which may close support coordinates).
-        **kwargs: the :class:`FederatedModule` arguments (model, datamodule, seed, optimisers, ...).
+        **kwargs: the :class:`FederatedModule` arguments (model, datamodule, seed, client
+            optimiser, ...; no ``server_optimizer``: the server sets its rebuilt state).
     """
+
+    uplink_payload = Payload.GATED_SPARSE
+    downlink_payload = Payload.GATED_SPARSE
+    sets_server_state = True
+    client_weighting = "samples"
+    supported_aggregation: ClassVar[tuple[Estimator, ...]] = ("normalised",)
+    """A rebuilt state is a mean of the clients' states: dividing by p_i would rescale it."""
+    client_metric_names = ("eflops/local_density",)
 
     def __init__(
         self,
@@ -331,14 +507,14 @@ class EFLoPS(SparseModelReport, FederatedModule):
             m = num_kept(density, dim)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        choices = {
+        choices: dict[str, tuple[str, tuple[str, ...]]] = {
             "prior": (prior, ("target", "uniform")),
-            "density_estimator": (density_estimator, ("prob_nonzero", "expected_gate")),
+            "density_estimator": (density_estimator, tuple(DENSITY_ESTIMATORS)),
             "selection": (selection, ("expected_magnitude", "test_gate")),
             "off_support": (off_support, ("init", "zero")),
             "constraint": (constraint, ("inequality", "equality")),
             "off_support_gates": (off_support_gates, ("resume", "reset")),
-            "constraint_scale": (constraint_scale, ("log", "relative", "absolute")),
+            "constraint_scale": (constraint_scale, tuple(CONSTRAINT_SCALES)),
             "gate_aggregation": (gate_aggregation, ("senders", "all")),
             "final_support": (final_support, ("top_m", "test_gate")),
         }
@@ -362,6 +538,7 @@ class EFLoPS(SparseModelReport, FederatedModule):
         self.temperature = float(temperature)
         self.prior = prior
         self.density_estimator = density_estimator
+        self._density = DENSITY_ESTIMATORS[density_estimator]
         self.quadrature_nodes = int(quadrature_nodes)
         self.lambda_lr = float(lambda_lr)
         self.log_alpha_lr = float(log_alpha_lr)
@@ -371,13 +548,14 @@ class EFLoPS(SparseModelReport, FederatedModule):
         self.constraint = constraint
         self.off_support_gates = off_support_gates
         self.constraint_scale = constraint_scale
+        self._constraint = CONSTRAINT_SCALES[constraint_scale]
         self.gate_aggregation = gate_aggregation
         self.penalty = float(penalty)
         self.final_support = final_support
         self.group_sizes = [p.numel() for p in model.parameters()]
         self.num_groups = len(self.group_sizes) if off_support_gates == "resume" else 0
-        self.uplink_codec = GateMessageCodec(num_groups=self.num_groups)
-        self.downlink_codec = GateMessageCodec(num_groups=self.num_groups)
+        self.uplink_channel.codec = GateMessageCodec(num_groups=self.num_groups)
+        self.downlink_channel.codec = GateMessageCodec(num_groups=self.num_groups)
         self.pi_min = float(self.hc.prob_nonzero(torch.tensor(float(log_alpha_min))))
         # θ̃⁰ is derived from the shared run seed (the model was built from it): free for both sides.
         self.register_buffer("theta_init", flat_parameters(model).clone(), persistent=False)
@@ -391,20 +569,19 @@ class EFLoPS(SparseModelReport, FederatedModule):
         """Reference for compression factors: one dense float32 copy of the network θ."""
         return 32 * self.dim
 
+    @property
+    def uplink_numel(self) -> int:
+        """Entries of one (decoded) message: [θ̃ (|θ|), π (|θ|), π_off (one per tensor, ``"resume"``), λ]."""
+        return 2 * self.dim + self.num_groups + 1
+
     # ------------------------------------------------------------------ gate maths
     def density_estimate(self, log_alpha: Tensor) -> Tensor:
-        """D(φ): the differentiable estimate of the expected fraction of open gates."""
-        if self.density_estimator == "expected_gate":
-            return self.hc.expected_gate(log_alpha, nodes=self.quadrature_nodes).mean()
-        return self.hc.prob_nonzero(log_alpha).mean()
+        """D(φ): the differentiable estimate of the expected fraction of open gates (``density_estimator``)."""
+        return self._density(self.hc, log_alpha, self.quadrature_nodes)
 
     def constraint_value(self, density: Tensor) -> Tensor:
-        """c(φ): D − ρ (``constraint_scale="absolute"``) or D/ρ − 1 (``"relative"``); same feasible set."""
-        if self.constraint_scale == "log":
-            return torch.log(density) - math.log(self.rho)
-        if self.constraint_scale == "relative":
-            return density / self.rho - 1.0
-        return density - self.rho
+        """c(φ) for the density D under ``constraint_scale`` (:data:`CONSTRAINT_SCALES`)."""
+        return self._constraint(density, self.rho)
 
     def kl_term(self, log_alpha: Tensor) -> Tensor:
         """(1/|θ|) Σ_j KL(Bernoulli(P(z_j ≠ 0)) ‖ prior)."""
@@ -430,26 +607,40 @@ class EFLoPS(SparseModelReport, FederatedModule):
         pi = expand_groups(pi_off.clamp(self.pi_min, 1.0 - 1e-7), self.group_sizes)
         return self.hc.log_alpha_from_prob_nonzero(pi.to(like))
 
-    # ------------------------------------------------------------------ federated hooks
+    # ------------------------------------------------------------------ server
     def server_parameters(self) -> list[nn.Parameter]:
         return [*self.model.parameters(), self.log_alpha, self.lagrange]
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        optimizer = super().configure_optimizers()
-        ok = type(optimizer) is torch.optim.SGD and all(
-            g["lr"] == 1.0 and g.get("momentum", 0) == 0 and g.get("weight_decay", 0) == 0
-            for g in optimizer.param_groups
-        )
-        if not ok:
-            raise ConfigError(
-                "E-FLoPS rebuilds the global model from the uploads, so method.server_optimizer must be "
-                "torch.optim.SGD with lr=1.0, no momentum and no weight decay."
-            )
-        return optimizer
 
     def broadcast_state(self, round_idx: int) -> Tensor:
         return self._message(flat_parameters(self.model), self.log_alpha.detach(), self.lagrange.detach())
 
+    def make_aggregator(self, round_idx: int) -> GatedUploadSums:
+        return GatedUploadSums(
+            dim=self.dim,
+            group_sizes=self.group_sizes,
+            num_groups=self.num_groups,
+            pi_min=self.pi_min,
+            senders_only=self.gate_aggregation == "senders",
+            device=self.device,
+        )
+
+    def set_server_state(self, *, round_idx: int, aggregator: Aggregator) -> None:
+        """The rebuilt (θ̃, log α = inverse of π̄, λ) replaces the global state."""
+        assert isinstance(aggregator, GatedUploadSums)
+        theta, pi, lagrange = aggregator.result()
+        assign_flat_(self.model, theta)
+        with torch.no_grad():
+            self.log_alpha.copy_(self.hc.log_alpha_from_prob_nonzero(pi.clamp(self.pi_min, 1.0 - 1e-7)))
+            self.lagrange.copy_(lagrange)
+        self._eval_cache = None
+
+    def server_metrics(self, round_idx: int) -> dict[str, float]:
+        return {
+            "eflops/lambda": float(self.lagrange.detach().squeeze()),
+            "eflops/mean_prob_nonzero": float(self.hc.prob_nonzero(self.log_alpha.detach()).mean()),
+        }
+
+    # ------------------------------------------------------------------ client
     def _rebuild_client(self, received: Tensor) -> tuple[Tensor, Tensor, float]:
         theta_s, pi, support, pi_off, lam = unpack_gate_state(received, self.num_groups)
         theta_init: Tensor = self.theta_init  # type: ignore[assignment]  # a registered buffer
@@ -461,82 +652,65 @@ class EFLoPS(SparseModelReport, FederatedModule):
         return theta, log_alpha, float(lam)
 
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
+        """Local primal steps on (θ̃, log α) by :meth:`local_train`, dual ascent on λ after each step."""
         model = self.client_model
         theta, log_alpha0, lam = self._rebuild_client(received)
         assign_flat_(model, theta)
         model.train()
         log_alpha = log_alpha0.clone().requires_grad_(True)
-        optimizer = self.client_optimizer(
-            [{"params": list(model.parameters())}, {"params": [log_alpha], "lr": self.log_alpha_lr}]  # type: ignore[arg-type,list-item]
-        )
-        names = [n for n, _ in model.named_parameters()]
         params = list(model.parameters())
-        sizes = [p.numel() for p in params]
-        x, y = self.client_data(client_id)
+        local = _LocalGates(
+            names=[n for n, _ in model.named_parameters()],
+            sizes=[p.numel() for p in params],
+            lagrange=lam,
+            data_loss_sum=torch.zeros((), device=self.device),
+        )
         gate_gen = self.generator(round_idx, client_id, "gates")
-        augment_gen = self.generator(round_idx, client_id, "augment")
-        loss_sum = torch.zeros((), device=self.device)
-        steps = 0
-        dens_value = float("nan")
-        for idx in self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)):
-            optimizer.zero_grad(set_to_none=True)
+
+        def batch_loss(x: Tensor, y: Tensor) -> Tensor:
+            """One gate sample per mini-batch; data loss + λ c + (μ/2) c² + T · KL."""
             u = uniform_noise((self.dim,), gate_gen).to(log_alpha.device)
             z = self.hc.sample(log_alpha, u)
-            gated = {n: p * zj.view_as(p) for n, p, zj in zip(names, params, torch.split(z, sizes), strict=True)}
-            out = functional_call(model, gated, (self.datamodule.augment(x[idx], augment_gen),))
-            data_loss = self.loss_fn(out, y[idx])
+            gated = {
+                n: p * zj.view_as(p) for n, p, zj in zip(local.names, params, torch.split(z, local.sizes), strict=True)
+            }
+            data_loss = self.loss_fn(functional_call(model, gated, (x,)), y)
             dens = self.density_estimate(log_alpha)
             c = self.constraint_value(dens)
-            loss = data_loss + lam * c
+            loss = data_loss + local.lagrange * c
             if self.penalty > 0:  # augmented Lagrangian: damps the primal-dual oscillation
                 c_pos = c if self.constraint == "equality" else c.clamp_min(0.0)
                 loss = loss + 0.5 * self.penalty * c_pos**2
             if self.temperature > 0:
                 loss = loss + self.temperature * self.kl_term(log_alpha)
-            loss.backward()
-            if self.max_grad_norm is not None:
-                nn.utils.clip_grad_norm_([*params, log_alpha], self.max_grad_norm)
-            optimizer.step()
+            local.density = dens.detach()
+            local.data_loss_sum += data_loss.detach()
+            return loss
+
+        def after_step() -> None:
+            """Clamp log α, then λ ← λ + η_λ c(D) at the density of the step (λ ≥ 0 for the inequality)."""
             self.hc.clamp_(log_alpha)
-            dens_value = float(dens.detach())
-            lam = lam + self.lambda_lr * float(self.constraint_value(dens.detach()))  # dual ascent
+            assert local.density is not None
+            local.lagrange = local.lagrange + self.lambda_lr * float(self.constraint_value(local.density))
             if self.constraint == "inequality":
-                lam = max(0.0, lam)  # D <= rho: lambda >= 0
-            loss_sum += data_loss.detach()
-            steps += 1
-        upload = self._message(flat_parameters(model), log_alpha.detach(), torch.tensor(lam))
+                local.lagrange = max(0.0, local.lagrange)
+
+        groups: list[dict[str, Any]] = [{"params": params}, {"params": [log_alpha], "lr": self.log_alpha_lr}]
+        done = self.local_train(
+            client_id=client_id,
+            round_idx=round_idx,
+            params=groups,
+            batch_loss=batch_loss,
+            after_step=after_step,
+        )
+        upload = self._message(flat_parameters(model), log_alpha.detach(), torch.tensor(local.lagrange))
+        density = float(local.density) if local.density is not None else float("nan")
         return ClientResult(
-            upload=upload, num_samples=len(y), loss=loss_sum / max(steps, 1), metrics={"density_estimate": dens_value}
+            upload=upload,
+            num_samples=done.num_samples,
+            loss=local.data_loss_sum / max(done.steps, 1),  # the data term: train/loss compares across methods
+            metrics={"eflops/local_density": density},
         )
-
-    def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
-        from fedlightning.federated.aggregation import normalised_weights
-
-        weights = normalised_weights(torch.tensor([u.num_samples for u in uploads])).to(self.device)
-        stacked = torch.stack([u.update for u in uploads])
-        d = self.dim
-        if self.num_groups:  # a client that did not send j counts at its own off-support statistic
-            offs = stacked[:, 2 * d : 2 * d + self.num_groups].clamp(self.pi_min, 1.0)
-            unsent: float | Tensor = torch.stack([expand_groups(o, self.group_sizes) for o in offs])
-        else:
-            unsent = self.pi_min
-        theta, pi = aggregate_gated_uploads(
-            stacked[:, :d], stacked[:, d : 2 * d], weights, unsent, senders_only=self.gate_aggregation == "senders"
-        )
-        log_alpha = self.hc.log_alpha_from_prob_nonzero(pi.clamp(self.pi_min, 1.0 - 1e-7))
-        lagrange = (weights * stacked[:, -1]).sum().reshape(1)
-        current = torch.cat([flat_parameters(self.model), self.log_alpha.detach(), self.lagrange.detach()])
-        return current - torch.cat([theta, log_alpha, lagrange])  # SGD(lr=1) lands on the rebuilt state
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.log("eflops/lambda", self.lagrange.detach().squeeze(), on_step=True, on_epoch=False)
-        self.log(
-            "eflops/mean_prob_nonzero",
-            self.hc.prob_nonzero(self.log_alpha.detach()).mean(),
-            on_step=True,
-            on_epoch=False,
-        )
-        self._eval_cache = None
 
     # ------------------------------------------------------------------ evaluation
     def final_parameters(self, theta: Tensor, log_alpha: Tensor) -> Tensor:
@@ -547,7 +721,7 @@ class EFLoPS(SparseModelReport, FederatedModule):
         return theta * self.hc.test_gate(log_alpha) * support
 
     def evaluated_parameters(self) -> Tensor:
-        """The evaluated flat parameters of the current global state (cached per round)."""
+        """The evaluated flat parameters of the current global state (cached until the state changes)."""
         step = int(self.global_step)
         if self._eval_cache is None or self._eval_cache[0] != step:
             self._eval_cache = (step, self.final_parameters(flat_parameters(self.model), self.log_alpha.detach()))
@@ -556,6 +730,10 @@ class EFLoPS(SparseModelReport, FederatedModule):
     def forward(self, x: Tensor) -> Tensor:
         return functional_call(self.model, unflatten(self.model, self.evaluated_parameters()), (x,))
 
-    def on_test_epoch_end(self) -> None:
-        super().on_test_epoch_end()
-        self.report_sparse_model()
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The sparse-model report at test time (density, MACs, selected features)."""
+        return [SparseModelReport()]
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._eval_cache = None
