@@ -321,7 +321,7 @@ def test_density_estimators_and_priors_run(golub_cfg: Callable[..., object], tmp
 
 
 def test_golub_density_reaches_target(golub_cfg: Callable[..., object], tmp_path: Path) -> None:
-    """After the full 30 rounds the evaluated model is within the issue's 10% band of rho.
+    """After the full 30 rounds the evaluated density is within 10% of rho (0.9 rho <= density <= rho).
 
     With ``final_support=top_m`` it keeps exactly m = 142 non-zeros (m/|theta| = 0.01988);
     the old ``test_gate`` rule kept 0.0172 on average over 30 seeds (129 of 142 on seed 0).
