@@ -1,18 +1,23 @@
 """FedPM: federated probabilistic masks over frozen random weights (arXiv 2209.15328).
 
 Paper: Isik, Pase, Gunduz, Weissman, Zorzi, "Sparse Random Networks for
-Communication-Efficient Federated Learning", ICLR 2023, arXiv 2209.15328. Reference code:
-``BerivanIsik/sparse-random-networks`` (see method-references §3 for what it really does).
+Communication-Efficient Federated Learning", ICLR 2023, arXiv 2209.15328. Where the paper and
+the authors' reference code differ, the defaults follow the code; the functions of that code
+they follow are named in parentheses.
 
-On the Zampling engine FedPM is Q = diag(w_init) (d = 1, n = m): every weight *and* bias is a
-frozen signed constant ±e·sqrt(1/fan_in) (the code's ``ME_init``) masked by its own bit.
-Clients train scores s with p = sigmoid(s) and the estimator dL/dp = p·dL/dz (the code's
-``Bern.backward``), Adam lr 0.1, then upload one mask z ~ Bernoulli(p). The server maps
-0 → ε and 1 → 1 − ε (ε = 0.01), adds them to a Beta(α, β) posterior and broadcasts its mode
-(α − 1)/(α + β − 2) as p. ``prior_reset``: ``every_round`` (what the code runs: α = β = 1
-before every aggregation, so p is the mean of the smoothed bits), ``periodic`` (the paper's
-Bayesian aggregation: the posterior carries over and is reset every ``reset_every`` rounds)
-or ``never``.
+On the Zampling engine (:mod:`fedlightning.methods.zampling`) FedPM is Q = diag(w_init)
+(d = 1, n = m): every weight *and* bias is a frozen signed constant ±e·sqrt(1/fan_in) (the
+code's ``ME_init``) masked by its own bit. Clients train scores s with p = sigmoid(s) and the
+estimator dL/dp = p·dL/dz (the code's ``Bern.backward``), Adam lr 0.1, then upload one mask
+z ~ Bernoulli(p). The server maps 0 → ε and 1 → 1 − ε (ε = 0.01, the code's ``upload_mask``),
+adds them to a Beta(α, β) posterior and sets p to its mode (α − 1)/(α + β − 2).
+``prior_reset``: ``every_round`` (what the code runs: α = β = 1 before every aggregation, so p
+is the mean of the smoothed bits), ``periodic`` (the paper's Bayesian aggregation: the
+posterior carries over and is reset every ``reset_every`` rounds) or ``never``.
+
+The server only needs Σ_k z_k of the K uploads: the smoothing is affine, so
+Σ_k smooth(z_k) = K·smooth(mean_k z_k) (:func:`smoothed_sum`), and the round's aggregator (the
+plain mean of the masks and their count) is all the posterior update reads.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from fedlightning.errors import ConfigError
+from fedlightning.federated.aggregators import WeightedMean
 from fedlightning.methods.zampling import Zampling
 from fedlightning.models.zampling import SparseQ, diagonal_q, row_fan_in
 
-__all__ = ["FedPM", "beta_posterior_mode", "signed_constant_weights", "smooth_bits"]
+__all__ = ["FedPM", "beta_posterior_mode", "signed_constant_weights", "smooth_bits", "smoothed_sum"]
 
 
 def signed_constant_weights(fan_in: Tensor, generator: torch.Generator, *, scale: float = math.e) -> Tensor:
@@ -49,6 +55,16 @@ def smooth_bits(z: Tensor, eps: float) -> Tensor:
     [0.25, 0.75]
     """
     return z * (1.0 - 2.0 * eps) + eps
+
+
+def smoothed_sum(mean: Tensor, count: int, eps: float) -> Tensor:
+    """Σ_k smooth(z_k) over ``count`` uploads whose mean is ``mean`` (smoothing is affine).
+
+    >>> z = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
+    >>> torch.allclose(smoothed_sum(z.mean(0), 3, 0.25), smooth_bits(z, 0.25).sum(0))
+    True
+    """
+    return count * smooth_bits(mean, eps)
 
 
 def beta_posterior_mode(alpha: Tensor, beta: Tensor) -> Tensor:
@@ -108,14 +124,16 @@ class FedPM(Zampling):
         return diagonal_q(signed_constant_weights(row_fan_in(model), gen, scale=self.weight_scale))
 
     @override
-    def aggregate(self, *, round_idx: int, uploads: Tensor) -> Tensor:
+    def aggregate(self, *, round_idx: int, aggregator: WeightedMean) -> Tensor:
+        """The Beta posterior's mode after adding the round's K smoothed bits."""
         reset = self.prior_reset == "every_round" or (
             self.prior_reset == "periodic" and round_idx % self.reset_every == 0
         )
         if reset:
             self.alpha.fill_(1.0)
             self.beta.fill_(1.0)
-        v = smooth_bits(uploads, self.eps)
-        self.alpha += v.sum(dim=0)
-        self.beta += (1.0 - v).sum(dim=0)
+        count = aggregator.count
+        smoothed = smoothed_sum(aggregator.result(torch.float64), count, self.eps)  # Σ_k v_k, v_k = smooth(z_k)
+        self.alpha += smoothed.to(self.alpha)
+        self.beta += (count - smoothed).to(self.beta)  # Σ_k (1 − v_k)
         return beta_posterior_mode(self.alpha, self.beta)

@@ -1,15 +1,16 @@
 """Zhou et al.'s supermask: learned Bernoulli masks over frozen random weights (arXiv 1905.01067).
 
 Paper: Zhou, Lan, Liu, Yosinski, "Deconstructing Lottery Tickets: Zeros, Signs, and the
-Supermask", NeurIPS 2019, arXiv 1905.01067. Reference code:
-``uber-research/deconstructing-lottery-tickets`` (``masked_networks.py``).
+Supermask", NeurIPS 2019, arXiv 1905.01067; the defaults follow the authors' reference code
+(its masked networks and its README's training command).
 
-On the Zampling engine the supermask is Q = diag(w_init) (d = 1, n = m): kernels are frozen
-Glorot-normal weights (``signed_constant: true`` gives sign(w)·std instead), biases stay at
-zero (Zhou masks kernels only, so bias rows of Q are 0), scores start at 0 (p = 0.5), and
-p = sigmoid(s) is trained through the straight-through sample (dL/ds = σ'(s)·dL/dz) with SGD
-lr 100, momentum 0.9 (the README's command). Centralised use: ``data.num_clients=1`` with
-``upload: probabilities``, as Local Zampling.
+On the Zampling engine (:mod:`fedlightning.methods.zampling`) the supermask is
+Q = diag(w_init) (d = 1, n = m): kernels are frozen Glorot-normal weights
+(``signed_constant: true`` gives sign(w)·std instead), biases stay at zero (Zhou masks kernels
+only, so bias rows of Q are 0), scores start at 0 (p = 0.5), and p = sigmoid(s) is trained
+through the straight-through sample (dL/ds = σ'(s)·dL/dz, the ``zhou`` estimator) with SGD
+lr 100, momentum 0.9. Centralised use: ``data.num_clients=1`` with ``upload: probabilities``,
+as Local Zampling.
 """
 
 from __future__ import annotations

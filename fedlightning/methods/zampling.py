@@ -6,41 +6,53 @@ state), ``s`` the client's score (s = p at the start of a round), ``Q`` the fixe
 matrix with ``d`` non-zeros per row, ``z`` ~ Bernoulli(p) the mask, w = Q·z the weights
 (:mod:`fedlightning.models.zampling`).
 
-One round of *Federated Zampling* (§"Our Framework"):
+One round of *Federated Zampling* (§"Our Framework") on the round engine
+(:mod:`fedlightning.federated.module`):
 
-1. the server broadcasts p (float32, or losslessly with ⌈log2(K+1)⌉ bits per coordinate);
-2. each client sets s = p and, for every local mini-batch, samples z ~ Bernoulli(clip(s)),
-   runs the network with w = Q·z and steps s ← s − η·∇ with the straight-through gradient
-   ∇_s L = (Qᵀ·∇_w L) ⊙ 1{0 < p < 1} (Adam, as in the paper);
-3. it samples z_new ~ Bernoulli(clip(s)) and uploads it (n bits bit-packed, or range-coded
-   with the broadcast p as the shared model);
-4. the server sets p ← (1/K)·Σ_k z_new^k.
+1. the server broadcasts p (a probability-vector payload: float32, or losslessly with
+   ⌈log2(K+1)⌉ bits per coordinate once p is a mean of K bits);
+2. each client sets s = p and trains it with the engine's local-training routine: for every
+   local mini-batch it samples z ~ Bernoulli(clip(s)), runs the network with w = Q·z and
+   steps s ← s − η·∇ with the straight-through gradient ∇_s L = (Qᵀ·∇_w L) ⊙ 1{0 < p < 1}
+   (Adam, as in the paper);
+3. it samples z_new ~ Bernoulli(clip(s)) and uploads it (a Bernoulli-mask payload: n bits
+   bit-packed, or range-coded with the broadcast p as the shared model);
+4. the server sets its state directly: p ← (1/K)·Σ_k z_new^k, the plain mean of the bits.
 
 *Local Zampling* is the same method with one client holding all data that uploads p_new
 itself (``upload: probabilities``) and keeps its Adam state (``reset_optimizer: false``), so
 that one round is one epoch. The *continuous model* (``sampling: false``) trains with
 w = Q·p and no sampling, with the same gradient rule.
 
-Decisions on the paper's gaps (method-references §1.6, documented in the configs):
+Decisions where the paper leaves a choice open (also stated in ``configs/method/zampling.yaml``):
 
 * a fresh mask is drawn for every mini-batch (the paper's "each round" loop is written per
   update step); the clip is applied in Local Zampling too;
-* the server average is the plain mean 1/K Σ_k (as in the paper), not sample-weighted;
+* the server average is the plain mean 1/K Σ_k over the uploaders, as in the paper, not
+  weighted by sample counts;
 * the client's Adam state is reset every round by default (``reset_optimizer``);
 * "up to 100 epochs with early stopping" is replaced by a fixed ``local_epochs``;
 * the paper's gradient mask freezes coordinates where the average hit exactly 0 or 1;
-  ``p_clamp: ε`` (FedPM's remedy) trains from clamp(p, ε, 1 − ε) instead. Default off.
+  ``p_clamp: ε`` (FedPM's remedy, arXiv 2209.15328) trains from clamp(p, ε, 1 − ε) instead.
+  Default off.
 
-Other score estimators (``estimator``): ``zhou`` (p = sigmoid(s), dL/ds = σ'(s)·Qᵀ∇_w L;
-Zhou et al. 2019, arXiv 1905.01067) and ``fedpm`` (the same, times p; Isik et al. 2023,
-arXiv 2209.15328).
+Score estimators (``estimator``, :class:`ScoreEstimator`): ``zampling`` (p = clip(s), the
+masked straight-through gradient), ``zhou`` (p = sigmoid(s), dL/ds = σ'(s)·Qᵀ∇_w L; Zhou et
+al., arXiv 1905.01067) and ``fedpm`` (the same, times p; Isik et al., arXiv 2209.15328).
+
+The sampled-network evaluation and the parameter-sensitivity study are the callback
+:class:`fedlightning.callbacks.zampling_evaluation.ZamplingEvaluation`, which the method
+adds to every trainer it is fitted or tested with (:meth:`Zampling.configure_callbacks`);
+this module holds the method and the pure maths both use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+import lightning as L
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -49,16 +61,26 @@ from typing_extensions import override
 from fedlightning.compression.arithmetic import BernoulliRangeCodec, LatticeCodec, bernoulli_cross_entropy_bits
 from fedlightning.compression.codecs import BitPackCodec, Float32Codec
 from fedlightning.errors import ConfigError
-from fedlightning.federated.cohort import Cohort
-from fedlightning.federated.message import Codec, Message
-from fedlightning.federated.module import ClientResult, ClientUpload, FederatedModule
+from fedlightning.federated.aggregators import Aggregator, WeightedMean
+from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT
 from fedlightning.federated.params import assign_flat_, num_parameters
-from fedlightning.federated.rng import SERVER
+from fedlightning.federated.payloads import Payload
 from fedlightning.models.zampling import SparseQ, ZampledNetwork, ZampledWeights, row_fan_in, zampling_q
 
+if TYPE_CHECKING:
+    from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation
+
 __all__ = [
+    "OPTIMIZER_KEY",
+    "SCORE_ESTIMATORS",
+    "XENT_METRIC",
+    "ClippedScore",
+    "SampledNetwork",
+    "ScoreEstimator",
+    "SigmoidScore",
     "Zampling",
     "accuracy_deviation",
+    "bernoulli_draw",
     "frozen_fraction",
     "hypercube_indicator",
     "mean_of_bits",
@@ -66,12 +88,17 @@ __all__ = [
     "perturbation_support",
     "probability_from_score",
     "relative_sensitivity",
+    "score_estimator",
     "score_from_probability",
     "trainable_size",
 ]
 
 Estimator = Literal["zampling", "zhou", "fedpm"]
 OptimizerFactory = Callable[[Iterable[Tensor]], torch.optim.Optimizer]
+XENT_METRIC = "comm/uplink_xent_bits_per_param"
+"""Per-round mean over uploads of Σ_j −log2 P(z_j | p_j) / n: the ideal coded size of a mask."""
+OPTIMIZER_KEY = "optimizer"
+"""Key of a client's saved optimiser state in the client state store (``reset_optimizer: false``)."""
 _LOGIT_EPS = 1e-6
 
 
@@ -96,13 +123,92 @@ def trainable_size(*, m: int, compression: float | None, n: int | None) -> int:
     return max(1, int(m // compression))
 
 
+@dataclass(frozen=True)
+class ScoreEstimator:
+    """How a client's score s gives the probabilities p, and which gradient reaches s.
+
+    The forward pass always uses w = Q·z with z ~ Bernoulli(p) (or z = p for the continuous
+    model); the backward hands ∂L/∂z straight through to p (:class:`ZampledWeights`), and
+    autograd carries it from p to s through :meth:`probability`.
+
+    Attributes:
+        name: the value of ``method.estimator``.
+        mask_frozen: zero the gradient where p is exactly 0 or 1 (Zampling's gradient mask).
+        scale_by_p: multiply the straight-through gradient by p (FedPM's estimator).
+    """
+
+    name: str
+    mask_frozen: bool = False
+    scale_by_p: bool = False
+
+    def probability(self, s: Tensor) -> Tensor:
+        """p as a differentiable function of the score."""
+        raise NotImplementedError
+
+    def score(self, p: Tensor) -> Tensor:
+        """The score a client starts from when the server's state is p."""
+        raise NotImplementedError
+
+    def weights(self, q: SparseQ) -> ZampledWeights:
+        """w = Q·z with this estimator's backward (a fresh cache: one per client and round)."""
+        return ZampledWeights(q, mask_frozen=self.mask_frozen, scale_by_p=self.scale_by_p)
+
+
+class ClippedScore(ScoreEstimator):
+    """p = clip(s, 0, 1) and s = p: Zampling (arXiv 2503.14246).
+
+    >>> ClippedScore("zampling").probability(torch.tensor([-0.5, 0.25, 1.5])).tolist()
+    [0.0, 0.25, 1.0]
+    """
+
+    def probability(self, s: Tensor) -> Tensor:
+        return s.clamp(0.0, 1.0)
+
+    def score(self, p: Tensor) -> Tensor:
+        return p.clone()
+
+
+class SigmoidScore(ScoreEstimator):
+    """p = sigmoid(s) and s = logit(p), p kept in [1e-6, 1 − 1e-6]: arXiv 1905.01067, 2209.15328.
+
+    >>> SigmoidScore("zhou").score(torch.tensor([0.5])).tolist()
+    [0.0]
+    """
+
+    def probability(self, s: Tensor) -> Tensor:
+        return torch.sigmoid(s)
+
+    def score(self, p: Tensor) -> Tensor:
+        return torch.logit(p.clamp(_LOGIT_EPS, 1.0 - _LOGIT_EPS))
+
+
+SCORE_ESTIMATORS: dict[str, ScoreEstimator] = {
+    "zampling": ClippedScore("zampling", mask_frozen=True),
+    "zhou": SigmoidScore("zhou"),
+    "fedpm": SigmoidScore("fedpm", scale_by_p=True),
+}
+"""The estimators of ``method.estimator``, by name."""
+
+
+def score_estimator(name: str) -> ScoreEstimator:
+    """The estimator called ``name`` (``method.estimator``).
+
+    >>> score_estimator("fedpm").scale_by_p, score_estimator("zampling").mask_frozen
+    (True, True)
+    """
+    estimator = SCORE_ESTIMATORS.get(name)
+    if estimator is None:
+        raise ConfigError(f"method.estimator={name!r} is not supported; choose one of {', '.join(SCORE_ESTIMATORS)}.")
+    return estimator
+
+
 def probability_from_score(s: Tensor, estimator: Estimator) -> Tensor:
     """p = clip(s, 0, 1) for Zampling, sigmoid(s) for Zhou and FedPM (differentiable).
 
     >>> probability_from_score(torch.tensor([-0.5, 0.25, 1.5]), "zampling").tolist()
     [0.0, 0.25, 1.0]
     """
-    return s.clamp(0.0, 1.0) if estimator == "zampling" else torch.sigmoid(s)
+    return score_estimator(estimator).probability(s)
 
 
 def score_from_probability(p: Tensor, estimator: Estimator) -> Tensor:
@@ -111,9 +217,7 @@ def score_from_probability(p: Tensor, estimator: Estimator) -> Tensor:
     >>> score_from_probability(torch.tensor([0.5]), "zhou").tolist()
     [0.0]
     """
-    if estimator == "zampling":
-        return p.clone()
-    return torch.logit(p.clamp(_LOGIT_EPS, 1.0 - _LOGIT_EPS))
+    return score_estimator(estimator).score(p)
 
 
 def mean_of_bits(uploads: Tensor) -> Tensor:
@@ -204,19 +308,68 @@ def accuracy_deviation(reference: float, perturbed: float, eps_norm: float) -> f
     return 100.0 * (reference - perturbed) / eps_norm if eps_norm > 0 else 0.0
 
 
-class _RecordingCodec:
-    """Delegates to ``inner`` and records every encoded message's bit count in ``sink``."""
+def bernoulli_draw(p: Tensor, generator: torch.Generator) -> Tensor:
+    """z ~ Bernoulli(p) drawn on the generator's device and returned on p's.
 
-    def __init__(self, inner: Codec, sink: list[int]) -> None:
-        self.inner, self.sink, self.name = inner, sink, inner.name
+    The streams of :meth:`FederatedModule.generator` are CPU generators, so the masks are the
+    same whichever device trains.
 
-    def encode(self, x: Tensor) -> Message:
-        message = self.inner.encode(x)
-        self.sink.append(message.num_bits)
-        return message
+    >>> bernoulli_draw(torch.tensor([0.0, 1.0]), torch.Generator().manual_seed(0)).tolist()
+    [0.0, 1.0]
+    """
+    return torch.bernoulli(p.detach().to(generator.device), generator=generator).to(p.device)
 
-    def decode(self, message: Message) -> Tensor:
-        return self.inner.decode(message)
+
+# ---------------------------------------------------------------------------------- client model
+class SampledNetwork(nn.Module):
+    """The model a client trains in one round: its one parameter is the score s.
+
+    :meth:`resample` draws the mini-batch's mask z ~ Bernoulli(p(s)) (z = p(s) for the
+    continuous model) and sets w = Q·z; :meth:`forward` runs the architecture with w. The
+    gradient of a loss of the output reaches s through the estimator's straight-through rule.
+
+    Args:
+        score: the starting score (copied into a parameter).
+        network: the architecture, called functionally.
+        weights: the Q·z product with the estimator's backward.
+        estimator: p as a function of s.
+        sampling: sample masks (true) or use w = Q·p (false).
+        generator: the client's mask stream.
+    """
+
+    def __init__(
+        self,
+        score: Tensor,
+        *,
+        network: ZampledNetwork,
+        weights: ZampledWeights,
+        estimator: ScoreEstimator,
+        sampling: bool,
+        generator: torch.Generator,
+    ) -> None:
+        super().__init__()
+        self.score = nn.Parameter(score.detach().clone())
+        self.__dict__["_network"] = network  # holds the hidden client model: never registered
+        self._weights = weights
+        self._estimator = estimator
+        self._sampling = sampling
+        self._generator = generator
+        self._w: Tensor | None = None
+
+    def probabilities(self) -> Tensor:
+        """p(s), differentiable."""
+        return self._estimator.probability(self.score)
+
+    def resample(self) -> None:
+        """Draw the next mask and set the network's weights w = Q·z."""
+        p = self.probabilities()
+        z = bernoulli_draw(p, self._generator) if self._sampling else p.detach()
+        self._w = self._weights(p, z)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self._w is None:
+            raise RuntimeError("SampledNetwork.resample() must draw a mask before the forward pass.")
+        return self.__dict__["_network"].forward(x, self._w)
 
 
 # ---------------------------------------------------------------------------------- the method
@@ -232,7 +385,7 @@ class Zampling(FederatedModule):
         n: number of trainable parameters.
         q_seed: the shared seed of Q (64 bits, sent once); default ``seed``.
         estimator: ``zampling`` (clip, masked straight-through), ``zhou`` (sigmoid) or ``fedpm``
-            (sigmoid, gradient times p).
+            (sigmoid, gradient times p); see :data:`SCORE_ESTIMATORS`.
         sampling: train with w = Q·z (true) or the continuous model w = Q·p (false).
         upload: ``sample`` (z_new, binary) or ``probabilities`` (p_new as float32; Local Zampling).
         p_init: ``uniform`` (paper), ``beta`` (Beta(a, a), ``p_init_beta`` = a), ``half``
@@ -251,8 +404,16 @@ class Zampling(FederatedModule):
             ``sensitivity_region`` picks the perturbed coordinates (:func:`perturbation_support`).
         client_optimizer: factory over the scores (default Adam, lr 0.1 as in the paper's
             federated runs).
-        **kwargs: the remaining :class:`FederatedModule` arguments.
+        **kwargs: the remaining :class:`FederatedModule` arguments (no ``server_optimizer``:
+            the server sets p itself).
     """
+
+    uplink_payload = Payload.BERNOULLI_MASK
+    downlink_payload = Payload.PROBABILITIES
+    sets_server_state = True
+    client_weighting = "uniform"  # the paper's plain mean 1/K Σ_k z^k over the uploaders
+    supported_aggregation = ("normalised",)
+    client_metric_names: ClassVar[tuple[str, ...]] = (XENT_METRIC,)
 
     def __init__(
         self,
@@ -289,7 +450,7 @@ class Zampling(FederatedModule):
             client_optimizer=client_optimizer or (lambda params: torch.optim.Adam(params, lr=0.1)),
             **kwargs,
         )
-        _choice("method.estimator", estimator, ("zampling", "zhou", "fedpm"))
+        self.score_estimator = score_estimator(estimator)
         _choice("method.upload", upload, ("sample", "probabilities"))
         _choice("method.p_init", p_init, ("uniform", "beta", "half", "score_normal"))
         _choice("method.uplink", uplink, ("bitpack", "arithmetic"))
@@ -319,26 +480,32 @@ class Zampling(FederatedModule):
         self.reset_optimizer = reset_optimizer
         self.uplink = uplink
         self.downlink = downlink
-        self.val_samples = int(val_samples)
-        self.test_samples = int(test_samples)
-        self.sensitivity_taus = tuple(float(t) for t in sensitivity_taus)
-        self.sensitivity_perturbations = int(sensitivity_perturbations)
-        self.sensitivity_samples = int(sensitivity_samples)
-        self.sensitivity_region: Literal["hypercube", "complement"] = sensitivity_region
         self.q: SparseQ = self.build_q(model)
         if self.q.shape != (self.m, self.n):
             raise ConfigError(f"Q has shape {self.q.shape} but the model needs ({self.m}, {self.n}).")
         self.net = ZampledNetwork(self.client_model)
-        self.eval_net = ZampledNetwork(self.model)
         gen = torch.Generator().manual_seed(self.q_seed + 1)
         self.p = nn.Parameter(self.initial_p(p_init, p_init_beta, gen), requires_grad=False)
-        self._levels: int | None = None  # K of the last average (lattice downlink)
-        self._model_p: Tensor | None = None  # the broadcast p both sides know this round
-        self._target: Tensor | None = None
-        self._round_up_bits: list[int] = []
-        self._round_xent: list[float] = []
-        self._eval_batches: list[tuple[Tensor, Tensor]] = []
-        self._val_best_index: tuple[int, int] | None = None  # (global step, mask index)
+        self._levels: int | None = None  # K of the last mean of bits (lattice downlink)
+        # The wire formats (the codecs that depend on the round are set in broadcast_state).
+        if upload == "probabilities":
+            self.uplink_channel.payload = Payload.PROBABILITIES
+            self.uplink_channel.codec = Float32Codec()
+            self.client_metric_names = ()  # type: ignore[misc]  # no mask, so no mask code length
+        else:
+            self.uplink_channel.codec = BitPackCodec()  # arithmetic: replaced every round
+        self.downlink_channel.codec = Float32Codec()
+
+        from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation  # it imports this module
+
+        self.evaluation: ZamplingEvaluation = ZamplingEvaluation(
+            val_samples=val_samples,
+            test_samples=test_samples,
+            sensitivity_taus=tuple(float(t) for t in sensitivity_taus),
+            sensitivity_perturbations=sensitivity_perturbations,
+            sensitivity_samples=sensitivity_samples,
+            sensitivity_region=sensitivity_region,
+        )
 
     # ------------------------------------------------------------------ overridable pieces
     def build_q(self, model: nn.Module) -> SparseQ:
@@ -355,35 +522,20 @@ class Zampling(FederatedModule):
             return torch.full((self.n,), 0.5)
         return torch.sigmoid(torch.randn(self.n, generator=gen))
 
-    def aggregate(self, *, round_idx: int, uploads: Tensor) -> Tensor:
-        """The new server p from the (K, n) stack of uploads: their plain mean."""
-        return mean_of_bits(uploads)
+    def aggregate(self, *, round_idx: int, aggregator: WeightedMean) -> Tensor:
+        """The new server p from the round's sums: the plain mean (1/K)·Σ_k of the uploads."""
+        return aggregator.result(torch.float32)
 
     def effective_p(self, p: Tensor) -> Tensor:
         """What clients train from and sample with: p, or clamp(p, ε, 1 − ε) with ``p_clamp``."""
         return p if self.p_clamp is None else p.clamp(self.p_clamp, 1.0 - self.p_clamp)
 
-    # ------------------------------------------------------------------ codecs
+    # ------------------------------------------------------------------ engine hooks: server
     @property
-    def uplink_codec(self) -> Codec:  # type: ignore[override]
-        """Bit-packed or range-coded mask (float32 for ``upload: probabilities``), recorded."""
-        if self.upload == "probabilities":
-            inner: Codec = Float32Codec()
-        elif self.uplink == "arithmetic":
-            assert self._model_p is not None
-            inner = BernoulliRangeCodec(model_p=self._model_p)
-        else:
-            inner = BitPackCodec()
-        return _RecordingCodec(inner, self._round_up_bits)
+    @override
+    def uplink_numel(self) -> int:
+        return self.n
 
-    @property
-    def downlink_codec(self) -> Codec:  # type: ignore[override]
-        """Float32 (paper), or the lossless lattice codec once p is a mean of K bits."""
-        if self.downlink == "lattice" and self._levels is not None:
-            return LatticeCodec(levels=self._levels)
-        return Float32Codec()  # the paper; also round 0, whose p(0) is not a mean of bits
-
-    # ------------------------------------------------------------------ hooks
     @override
     def server_parameters(self) -> list[nn.Parameter]:
         return [self.p]
@@ -391,216 +543,121 @@ class Zampling(FederatedModule):
     @override
     def broadcast_state(self, round_idx: int) -> Tensor:
         state = self.p.detach().clone()
-        self._model_p = self.effective_p(state).cpu()
+        if self.downlink == "lattice" and self._levels is not None:
+            self.downlink_channel.codec = LatticeCodec(levels=self._levels)
+        else:
+            self.downlink_channel.codec = Float32Codec()  # the paper; also round 0, whose p(0) is no mean of bits
+        if self.uplink == "arithmetic":
+            self.uplink_channel.codec = BernoulliRangeCodec(model_p=self.effective_p(state).cpu())
         return state
+
+    @override
+    def make_aggregator(self, round_idx: int) -> Aggregator:
+        return WeightedMean(dim=self.n, normalise=True, device=self.device)
+
+    @override
+    def set_server_state(self, *, round_idx: int, aggregator: Aggregator) -> None:
+        assert isinstance(aggregator, WeightedMean)
+        new_p = self.aggregate(round_idx=round_idx, aggregator=aggregator)
+        with torch.no_grad():
+            self.p.copy_(new_p)
+        self._levels = aggregator.count if self.uplink_channel.payload is Payload.BERNOULLI_MASK else None
+
+    @override
+    def server_metrics(self, round_idx: int) -> dict[str, float]:
+        p = self.p.detach()
+        return {
+            "model/frozen_fraction": frozen_fraction(self.effective_p(p)),
+            "model/saturated_fraction": frozen_fraction(p),
+            "model/p_mean": float(p.mean()),
+            "model/n": float(self.n),
+            "model/m": float(self.m),
+        }
+
+    # ------------------------------------------------------------------ engine hooks: client
+    @override
+    def make_client_optimizer(self, params: ParamsT, *, client_id: int, round_idx: int) -> torch.optim.Optimizer:
+        optimizer = super().make_client_optimizer(params, client_id=client_id, round_idx=round_idx)
+        if not self.reset_optimizer:
+            saved = self.client_state.get(client_id, OPTIMIZER_KEY)
+            if saved is not None:
+                optimizer.load_state_dict(saved)
+        return optimizer
+
+    def client_network(self, *, client_id: int, round_idx: int, p_start: Tensor) -> SampledNetwork:
+        """The client's model for one round, starting from the score of ``p_start``."""
+        estimator = self.score_estimator
+        return SampledNetwork(
+            estimator.score(p_start),
+            network=self.net,
+            weights=estimator.weights(self.q),
+            estimator=estimator,
+            sampling=self.sampling,
+            generator=self.generator(round_idx, client_id, "zampling_mask"),
+        )
 
     @override
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
         p_start = self.effective_p(received)
-        s = score_from_probability(p_start, self.estimator).detach().requires_grad_(True)
-        optimizer = self.client_optimizer([s])
-        if not self.reset_optimizer:
-            saved = self.client_state.get(client_id, "optimizer")
-            if saved is not None:
-                optimizer.load_state_dict(saved)
-        weights = ZampledWeights(self.q, mask_frozen=self.estimator == "zampling", scale_by_p=self.estimator == "fedpm")
-        mask_gen = self.generator(round_idx, client_id, "zampling_mask")
-        augment_gen = self.generator(round_idx, client_id, "augment")
-        x, y = self.client_data(client_id)
+        network = self.client_network(client_id=client_id, round_idx=round_idx, p_start=p_start)
         self.client_model.train()
-        loss_sum = torch.zeros(())
-        steps = 0
-        for idx in self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)):
-            p = probability_from_score(s, self.estimator)
-            z = torch.bernoulli(p.detach(), generator=mask_gen) if self.sampling else p.detach()
-            w = weights(p, z)
-            loss = self.loss_fn(self.net.forward(self.datamodule.augment(x[idx], augment_gen), w), y[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.max_grad_norm is not None:
-                nn.utils.clip_grad_norm_([s], self.max_grad_norm)
-            optimizer.step()
-            loss_sum += loss.detach()
-            steps += 1
+
+        def batch_loss(x: Tensor, y: Tensor) -> Tensor:
+            network.resample()  # a fresh mask for every mini-batch
+            return self.local_loss(network, x, y)
+
+        done = self.local_train(
+            client_id=client_id,
+            round_idx=round_idx,
+            params=network.parameters(),
+            batch_loss=batch_loss,
+            after_step=lambda: self.on_local_step_end(network),
+        )
         if not self.reset_optimizer:
-            self.client_state.set(client_id, "optimizer", optimizer.state_dict())
-        p_new = probability_from_score(s.detach(), self.estimator)
-        if self.upload == "sample":
-            upload = torch.bernoulli(p_new, generator=self.generator(round_idx, client_id, "zampling_upload"))
-            if self._model_p is not None:
-                self._round_xent.append(bernoulli_cross_entropy_bits(upload, self._model_p))
+            self.client_state.set(client_id, OPTIMIZER_KEY, done.optimizer.state_dict())
+        p_new = network.probabilities().detach()
+        metrics: dict[str, float] = {}
+        if self.uplink_channel.payload is Payload.BERNOULLI_MASK:
+            upload = bernoulli_draw(p_new, self.generator(round_idx, client_id, "zampling_upload"))
+            metrics[XENT_METRIC] = bernoulli_cross_entropy_bits(upload, p_start) / self.n
         else:
             upload = p_new
-        return ClientResult(upload=upload, num_samples=len(y), loss=loss_sum / max(steps, 1))
-
-    @override
-    def server_update(self, *, round_idx: int, uploads: list[ClientUpload], cohort: Cohort) -> Tensor:
-        target = self.aggregate(round_idx=round_idx, uploads=torch.stack([u.update for u in uploads]))
-        self._target = target.detach()
-        self._levels = len(uploads) if self.upload == "sample" else None
-        return self.p.detach() - target  # SGD(lr=1): p ← p − (p − target) = target
-
-    @override
-    def training_step(self, batch: Any, batch_idx: int) -> None:
-        self._round_up_bits.clear()
-        self._round_xent.clear()
-        super().training_step(batch, batch_idx)
-        if self._target is not None and float((self.p.detach() - self._target).abs().max()) <= 1e-5:
-            with torch.no_grad():  # remove the rounding of p − (p − target) so p is exactly the mean
-                self.p.copy_(self._target)
-        p_eff = self.effective_p(self.p.detach())
-        log = {
-            "model/frozen_fraction": frozen_fraction(p_eff),
-            "model/saturated_fraction": frozen_fraction(self.p.detach()),
-            "model/p_mean": float(self.p.detach().mean()),
-            "model/n": float(self.n),
-            "model/m": float(self.m),
-        }
-        if self._round_up_bits:
-            log["comm/uplink_bits_per_param"] = sum(self._round_up_bits) / (len(self._round_up_bits) * self.n)
-        if self._round_xent:
-            log["comm/uplink_xent_bits_per_param"] = sum(self._round_xent) / (len(self._round_xent) * self.n)
-        for name, value in log.items():
-            self.log(name, value, on_step=True, on_epoch=False)
+        return ClientResult(upload=upload, num_samples=done.num_samples, loss=done.loss, metrics=metrics)
 
     # ------------------------------------------------------------------ evaluation
+    def weights_of(self, z: Tensor) -> Tensor:
+        """w = Q·z on this module's device."""
+        return self.q.matvec(z.to(self.q.vals.device)).to(self.device)
+
     def expected_weights(self) -> Tensor:
         """w = Q·p (the expected network)."""
-        return self.q.matvec(self.effective_p(self.p.detach()))
+        return self.weights_of(self.effective_p(self.p.detach()))
 
-    def _load_expected(self) -> None:
-        assign_flat_(self.model, self.expected_weights().to(self.device))
-        self._eval_batches = []
+    @override
+    def configure_callbacks(self) -> list[L.Callback]:
+        # One instance for every fit, validate and test of this module, so the mask chosen on
+        # validation is the one scored on test (test/acc_best_mask).
+        return [self.evaluation]
 
     @override
     def on_validation_epoch_start(self) -> None:
-        self._load_expected()
+        assign_flat_(self.model, self.expected_weights())  # val/acc is the expected network's
 
     @override
     def on_test_epoch_start(self) -> None:
-        self._load_expected()
-
-    @override
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        super().validation_step(batch, batch_idx)
-        self._eval_batches.append((batch[0].detach(), batch[1].detach()))
-
-    @override
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        super().test_step(batch, batch_idx)
-        self._eval_batches.append((batch[0].detach(), batch[1].detach()))
-
-    @torch.no_grad()
-    def _accuracy(self, w: Tensor) -> float:
-        correct, total = 0, 0
-        for x, y in self._eval_batches:
-            out = self.eval_net.forward(x, w)
-            correct += int((out.argmax(dim=1) == y).sum())
-            total += len(y)
-        return correct / max(total, 1)
-
-    @torch.no_grad()
-    def sampled_accuracies(self, num_samples: int) -> Tensor:
-        """Accuracy of ``num_samples`` networks w = Q·z, z ~ Bernoulli(p), on the stashed split.
-
-        The masks come from the server stream of the current round, so validation and test
-        see the same first masks (the mask chosen on validation is scored on test).
-        """
-        gen = self.generator(self.global_step, SERVER, "zampling_eval_masks")
-        return self._accuracies_sampled_from(self.effective_p(self.p.detach()).cpu(), num_samples, gen)
-
-    def _accuracies_sampled_from(self, p: Tensor, num_samples: int, gen: torch.Generator) -> Tensor:
-        """Accuracy of ``num_samples`` networks w = Q·z, z ~ Bernoulli(p) drawn from ``gen``."""
-        accs = [
-            self._accuracy(self.q.matvec(torch.bernoulli(p, generator=gen)).to(self.device)) for _ in range(num_samples)
-        ]
-        return torch.tensor(accs, dtype=torch.float64)
-
-    def _log_sampled(self, split: str, num_samples: int) -> None:
-        if self.task != "classification" or not self._eval_batches:
-            return
-        expected = self._accuracy(self.expected_weights().to(self.device))
-        accs = self.sampled_accuracies(num_samples)
-        p = self.effective_p(self.p.detach())
-        discretised = self._accuracy(self.q.matvec((p >= 0.5).float()).to(self.device))
-        metrics = {
-            f"{split}/acc_sampled_mean": float(accs.mean()),
-            f"{split}/acc_sampled_std": float(accs.std()) if len(accs) > 1 else 0.0,
-            f"{split}/acc_sampled_max": float(accs.max()),
-            f"{split}/acc_discretised": discretised,
-            f"{split}/integrality_gap": expected - float(accs.mean()),
-        }
-        best = int(accs.argmax())
-        if split == "val":
-            self._val_best_index = (self.global_step, best)
-            metrics["val/acc_best_mask"] = float(accs[best])
-        else:
-            chosen = self._val_best_index
-            index = (
-                chosen[1] if chosen is not None and chosen[0] == self.global_step and chosen[1] < len(accs) else best
-            )
-            metrics["test/acc_best_mask"] = float(accs[index])
-        for name, value in metrics.items():
-            self.log(name, value)
-        self._eval_batches = []
-
-    @override
-    def on_validation_epoch_end(self) -> None:
-        super().on_validation_epoch_end()
-        self._log_sampled("val", self.val_samples)
-
-    @override
-    def on_test_epoch_end(self) -> None:
-        super().on_test_epoch_end()
-        if self.sensitivity_taus and self.task == "classification" and self._eval_batches:
-            for name, value in self.sensitivity_metrics().items():
-                self.log(name, value)
-        self._log_sampled("test", self.test_samples)
-
-    @torch.no_grad()
-    def sensitivity_metrics(self) -> dict[str, float]:
-        """The paper's parameter-sensitivity table row for each τ, on the stashed split.
-
-        References are the unperturbed expected network Q·p and the mean of
-        ``sensitivity_samples`` sampled networks; each of ``sensitivity_perturbations``
-        perturbed vectors p̃ = clip(p + ε_τ, 0, 1) is scored the same way. Sensitivity is the
-        relative accuracy drop, deviation the drop in percentage points per unit ‖ε_τ‖₂; all
-        are averaged over the perturbations (``_std``: their standard deviation).
-        """
-        gen = self.generator(self.global_step, SERVER, "zampling_sensitivity")
-        p = self.effective_p(self.p.detach()).cpu()
-
-        def scores(vector: Tensor) -> tuple[float, float]:
-            expected = self._accuracy(self.q.matvec(vector).to(self.device))
-            return expected, float(self._accuracies_sampled_from(vector, self.sensitivity_samples, gen).mean())
-
-        reference = scores(p)
-        out: dict[str, float] = {
-            "test/sensitivity/reference_acc_expected": reference[0],
-            "test/sensitivity/reference_acc_sampled": reference[1],
-        }
-        for tau in self.sensitivity_taus:
-            rows: dict[str, list[float]] = {}
-            for _ in range(self.sensitivity_perturbations):
-                perturbed, eps = perturb_in_hypercube(p, tau, gen, self.sensitivity_region)
-                norm = float(eps.norm())
-                for kind, ref, acc in zip(("expected", "sampled"), reference, scores(perturbed), strict=True):
-                    rows.setdefault(f"acc_{kind}", []).append(acc)
-                    rows.setdefault(f"sensitivity_{kind}", []).append(relative_sensitivity(ref, acc))
-                    rows.setdefault(f"deviation_{kind}", []).append(accuracy_deviation(ref, acc, norm))
-                rows.setdefault("eps_norm", []).append(norm)
-            support = perturbation_support(p, tau, self.sensitivity_region)
-            out[f"test/sensitivity/{tau:g}/perturbed_fraction"] = float(support.float().mean())
-            for key, values in rows.items():
-                t = torch.tensor(values, dtype=torch.float64)
-                out[f"test/sensitivity/{tau:g}/{key}"] = float(t.mean())
-                out[f"test/sensitivity/{tau:g}/{key}_std"] = float(t.std()) if len(values) > 1 else 0.0
-        return out
+        assign_flat_(self.model, self.expected_weights())
 
     @override
     def on_fit_start(self) -> None:
         super().on_fit_start()
-        if self.device.type != "cpu":
+        self._q_to_device()
+
+    @override
+    def on_test_start(self) -> None:
+        self._q_to_device()
+
+    def _q_to_device(self) -> None:
+        if self.q.vals.device != self.device:
             self.q = self.q.to(self.device)
 
     @override

@@ -1,0 +1,233 @@
+"""Sampled-network evaluation of the Zampling family (arXiv 2503.14246), as a Lightning callback.
+
+A Zampling-family module (:class:`fedlightning.methods.zampling.Zampling`, and FedPM and the
+supermask built on it) evaluates its *expected network* w = Q·p as ``val/acc`` and
+``test/acc``. :class:`ZamplingEvaluation` adds what the paper reports about the networks
+that are actually sampled, on the same evaluation batches:
+
+* ``<split>/acc_sampled_mean``, ``_std``, ``_max``: accuracy of ``val_samples`` (validation)
+  or ``test_samples`` (test) networks w = Q·z, z ~ Bernoulli(p);
+* ``<split>/acc_discretised``: the network of the rounded mask 1{p ≥ 0.5};
+* ``<split>/integrality_gap``: expected network's accuracy − ``acc_sampled_mean``;
+* ``val/acc_best_mask``: the best validation mask; ``test/acc_best_mask``: that same mask
+  (same round, same index: both draws come from the server stream of the round) scored on
+  test, as the paper picks a mask on held-out data;
+* with ``sensitivity_taus``, at test time, the parameter-sensitivity study of the paper
+  (§"Generalisation Properties via Parameter Sensitivity") as ``test/sensitivity/...``, see
+  :meth:`ZamplingEvaluation.sensitivity_metrics`.
+
+p is the module's :meth:`~fedlightning.methods.zampling.Zampling.effective_p` of its state.
+Masks come from the streams (seed, round, server, ``"zampling_eval_masks"`` /
+``"zampling_sensitivity"``), so a run's metrics do not depend on when or how often it is
+evaluated. Only classification tasks are scored.
+
+The module returns its instance from ``configure_callbacks()``, so every trainer that fits or
+tests it runs this callback.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import lightning as L
+import torch
+from torch import Tensor
+from typing_extensions import override
+
+from fedlightning.federated.rng import SERVER
+from fedlightning.methods.zampling import (
+    accuracy_deviation,
+    bernoulli_draw,
+    perturb_in_hypercube,
+    perturbation_support,
+    relative_sensitivity,
+)
+from fedlightning.models.zampling import ZampledNetwork
+
+if TYPE_CHECKING:
+    from fedlightning.methods.zampling import Zampling
+
+__all__ = ["ZamplingEvaluation"]
+
+Region = Literal["hypercube", "complement"]
+
+
+class ZamplingEvaluation(L.Callback):
+    """Scores sampled networks after each validation and test pass (see the module docstring).
+
+    Args:
+        val_samples: sampled networks per validation.
+        test_samples: sampled networks per test.
+        sensitivity_taus: τ values of the test-time sensitivity study (empty: off).
+        sensitivity_perturbations: perturbations of p inside C_τ per τ.
+        sensitivity_samples: sampled networks per perturbed p.
+        sensitivity_region: the perturbed coordinates
+            (:func:`~fedlightning.methods.zampling.perturbation_support`).
+    """
+
+    def __init__(
+        self,
+        *,
+        val_samples: int = 20,
+        test_samples: int = 100,
+        sensitivity_taus: tuple[float, ...] = (),
+        sensitivity_perturbations: int = 10,
+        sensitivity_samples: int = 10,
+        sensitivity_region: Region = "hypercube",
+    ) -> None:
+        self.val_samples = int(val_samples)
+        self.test_samples = int(test_samples)
+        self.sensitivity_taus = tuple(float(t) for t in sensitivity_taus)
+        self.sensitivity_perturbations = int(sensitivity_perturbations)
+        self.sensitivity_samples = int(sensitivity_samples)
+        self.sensitivity_region: Region = sensitivity_region
+        self._batches: list[tuple[Tensor, Tensor]] = []
+        self._network: ZampledNetwork | None = None
+        self._val_best_index: tuple[int, int] | None = None  # (global step, mask index)
+
+    # ------------------------------------------------------------------ Lightning hooks
+    @override
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._batches = []
+
+    @override
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._batches = []
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._stash(batch)
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._stash(batch)
+
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._log(pl_module, self.sampled_metrics(pl_module, "val"))  # type: ignore[arg-type]
+        self._batches = []
+
+    @override
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        module: Zampling = pl_module  # type: ignore[assignment]
+        if self.sensitivity_taus and self._scored(module):
+            self._log(module, self.sensitivity_metrics(module))
+        self._log(module, self.sampled_metrics(module, "test"))
+        self._batches = []
+
+    # ------------------------------------------------------------------ metrics
+    @torch.no_grad()
+    def accuracy(self, module: Zampling, w: Tensor) -> float:
+        """Accuracy of the network with weights ``w`` on the batches of the current pass."""
+        network = self._network
+        if network is None or network.model is not module.model:
+            network = self._network = ZampledNetwork(module.model)
+        correct, total = 0, 0
+        for x, y in self._batches:
+            out = network.forward(x, w)
+            correct += int((out.argmax(dim=1) == y).sum())
+            total += len(y)
+        return correct / max(total, 1)
+
+    def sampled_accuracies(self, module: Zampling, p: Tensor, num_samples: int, gen: torch.Generator) -> Tensor:
+        """Accuracy of ``num_samples`` networks w = Q·z, z ~ Bernoulli(p) drawn from ``gen`` (float64)."""
+        accs = [self.accuracy(module, module.weights_of(bernoulli_draw(p, gen))) for _ in range(num_samples)]
+        return torch.tensor(accs, dtype=torch.float64)
+
+    @torch.no_grad()
+    def sampled_metrics(self, module: Zampling, split: Literal["val", "test"]) -> dict[str, float]:
+        """The ``<split>/acc_sampled_*``, ``acc_discretised``, ``integrality_gap`` and ``acc_best_mask`` values."""
+        if not self._scored(module):
+            return {}
+        num_samples = self.val_samples if split == "val" else self.test_samples
+        p = module.effective_p(module.p.detach())
+        expected = self.accuracy(module, module.weights_of(p))
+        gen = module.generator(module.global_step, SERVER, "zampling_eval_masks")
+        accs = self.sampled_accuracies(module, p.cpu(), num_samples, gen)
+        discretised = self.accuracy(module, module.weights_of((p >= 0.5).float()))
+        metrics = {
+            f"{split}/acc_sampled_mean": float(accs.mean()),
+            f"{split}/acc_sampled_std": float(accs.std()) if len(accs) > 1 else 0.0,
+            f"{split}/acc_sampled_max": float(accs.max()),
+            f"{split}/acc_discretised": discretised,
+            f"{split}/integrality_gap": expected - float(accs.mean()),
+        }
+        best = int(accs.argmax())
+        if split == "val":
+            self._val_best_index = (module.global_step, best)
+            metrics["val/acc_best_mask"] = float(accs[best])
+        else:
+            chosen = self._val_best_index
+            same_round = chosen is not None and chosen[0] == module.global_step and chosen[1] < len(accs)
+            metrics["test/acc_best_mask"] = float(accs[chosen[1] if same_round and chosen is not None else best])
+        return metrics
+
+    @torch.no_grad()
+    def sensitivity_metrics(self, module: Zampling) -> dict[str, float]:
+        """The paper's parameter-sensitivity table row for each τ, on the batches of the current pass.
+
+        References are the unperturbed expected network Q·p and the mean of
+        ``sensitivity_samples`` sampled networks; each of ``sensitivity_perturbations``
+        perturbed vectors p̃ = clip(p + ε_τ, 0, 1) is scored the same way. Sensitivity is the
+        relative accuracy drop, deviation the drop in percentage points per unit ‖ε_τ‖₂; all
+        are averaged over the perturbations (``_std``: their standard deviation).
+        """
+        gen = module.generator(module.global_step, SERVER, "zampling_sensitivity")
+        p = module.effective_p(module.p.detach()).cpu()
+
+        def scores(vector: Tensor) -> tuple[float, float]:
+            expected = self.accuracy(module, module.weights_of(vector))
+            return expected, float(self.sampled_accuracies(module, vector, self.sensitivity_samples, gen).mean())
+
+        reference = scores(p)
+        out: dict[str, float] = {
+            "test/sensitivity/reference_acc_expected": reference[0],
+            "test/sensitivity/reference_acc_sampled": reference[1],
+        }
+        for tau in self.sensitivity_taus:
+            rows: dict[str, list[float]] = {}
+            for _ in range(self.sensitivity_perturbations):
+                perturbed, eps = perturb_in_hypercube(p, tau, gen, self.sensitivity_region)
+                norm = float(eps.norm())
+                for kind, ref, acc in zip(("expected", "sampled"), reference, scores(perturbed), strict=True):
+                    rows.setdefault(f"acc_{kind}", []).append(acc)
+                    rows.setdefault(f"sensitivity_{kind}", []).append(relative_sensitivity(ref, acc))
+                    rows.setdefault(f"deviation_{kind}", []).append(accuracy_deviation(ref, acc, norm))
+                rows.setdefault("eps_norm", []).append(norm)
+            support = perturbation_support(p, tau, self.sensitivity_region)
+            out[f"test/sensitivity/{tau:g}/perturbed_fraction"] = float(support.float().mean())
+            for key, values in rows.items():
+                t = torch.tensor(values, dtype=torch.float64)
+                out[f"test/sensitivity/{tau:g}/{key}"] = float(t.mean())
+                out[f"test/sensitivity/{tau:g}/{key}_std"] = float(t.std()) if len(values) > 1 else 0.0
+        return out
+
+    # ------------------------------------------------------------------ helpers
+    def _stash(self, batch: Any) -> None:
+        x, y = batch[0], batch[1]
+        self._batches.append((x.detach(), y.detach()))
+
+    def _scored(self, module: Zampling) -> bool:
+        return module.task == "classification" and bool(self._batches)
+
+    @staticmethod
+    def _log(module: L.LightningModule, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            module.log(name, value)
