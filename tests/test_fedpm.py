@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import pytest
 import torch
+from torch import Tensor
 
-from fedlightning.methods.fedpm import beta_posterior_mode, signed_constant_weights, smooth_bits
+from fedlightning.datamodules import DigitsDataModule, IIDPartition
+from fedlightning.federated.hooks import FederatedCallback
+from fedlightning.federated.message import Message
+from fedlightning.methods.fedpm import FedPM, beta_posterior_mode, signed_constant_weights, smooth_bits
+from fedlightning.models.mlp import MLP
 from fedlightning.run import run
+from fedlightning.sampling import FullParticipation
 
 DIGITS = ["data=digits", "model=digits_mlp", "partition=iid", "method.val_samples=2", "method.test_samples=2"]
 
@@ -45,3 +53,52 @@ def test_fedpm_carried_prior_differs_from_reset(make_config, tmp_path: Path) -> 
 def test_supermask_runs_centralised(make_config, tmp_path: Path) -> None:
     summary = run(make_config(["method=supermask", *DIGITS, "data.num_clients=1", "rounds=3"]), tmp_path)
     assert summary["test/acc"] > 0.5  # 3 epochs on digits with lr 100 (chance is 0.1)
+
+
+class _Uploads(FederatedCallback):
+    """Each round's decoded uploads, stacked."""
+
+    def __init__(self) -> None:
+        self.rounds: list[Tensor] = []
+
+    def on_round_start(self, trainer: Any, module: Any, round_idx: int) -> None:
+        self.rounds.append(torch.zeros(0))
+
+    def on_client_upload(self, trainer: Any, module: Any, round_idx: int, client_id: int, message: Message) -> None:
+        z = message.decode().unsqueeze(0)
+        self.rounds[-1] = z if self.rounds[-1].numel() == 0 else torch.cat([self.rounds[-1], z])
+
+
+@pytest.mark.parametrize("prior_reset", ["every_round", "never"])
+def test_fedpm_posterior_from_the_round_sums_matches_the_stacked_formula(prior_reset: str) -> None:
+    dm = DigitsDataModule(num_clients=3, partition=IIDPartition(), seed=0)
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = FedPM(
+        model=MLP(in_features=64, hidden=[16], num_classes=10),
+        datamodule=dm,
+        prior_reset=prior_reset,
+        local_steps=2,
+        val_samples=1,
+        test_samples=1,
+    )
+    uploads = _Uploads()
+    trainer = L.Trainer(
+        max_steps=2,
+        val_check_interval=2,
+        check_val_every_n_epoch=None,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[FullParticipation(), uploads],
+    )
+    trainer.fit(module)
+    # By hand over the stacked masks: alpha = 1 + sum_k v_k, beta = 1 + sum_k (1 - v_k), v = smooth(z).
+    rounds = uploads.rounds if prior_reset == "never" else uploads.rounds[-1:]
+    v = smooth_bits(torch.cat(rounds).double(), 0.01)
+    alpha, beta = 1.0 + v.sum(0), 1.0 + (1.0 - v).sum(0)
+    assert torch.allclose(module.alpha.double(), alpha, atol=1e-5)
+    assert torch.allclose(module.beta.double(), beta, atol=1e-5)
+    assert torch.allclose(module.p.detach().double(), beta_posterior_mode(alpha, beta), atol=1e-6)

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import pytest
 import torch
+from torch import Tensor
 
+from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation
+from fedlightning.compression.codecs import BitPackCodec
+from fedlightning.compression.operators import Sign
+from fedlightning.datamodules import DigitsDataModule, IIDPartition
 from fedlightning.errors import ConfigError
+from fedlightning.federated.hooks import FederatedCallback
+from fedlightning.federated.message import Message
+from fedlightning.federated.payloads import Payload
 from fedlightning.methods.zampling import (
+    OPTIMIZER_KEY,
+    ClippedScore,
+    SampledNetwork,
+    SigmoidScore,
+    Zampling,
     accuracy_deviation,
     frozen_fraction,
     hypercube_indicator,
@@ -18,6 +33,7 @@ from fedlightning.methods.zampling import (
     perturbation_support,
     probability_from_score,
     relative_sensitivity,
+    score_estimator,
     score_from_probability,
     trainable_size,
 )
@@ -32,6 +48,7 @@ from fedlightning.models.zampling import (
     zampling_q,
 )
 from fedlightning.run import run
+from fedlightning.sampling import FullParticipation, UniformSampler
 
 SMALL = MLP(in_features=784, hidden=[20, 20], num_classes=10)  # m = 16,330
 
@@ -76,7 +93,7 @@ def test_q_variance_matches_6_over_d_fan_in() -> None:
     # Kaiming lemma: Var((Q p)_i) = 6 E[p²] / fan_in = 2 / fan_in for p ~ U(0,1) (expected network)
     p = torch.rand(8000, generator=torch.Generator().manual_seed(1))
     assert float(q.matvec(p).double().var()) == pytest.approx(2.0 / 784, rel=0.05)
-    # ... and 6 E[z] / fan_in = 3 / fan_in for a sampled network (1.5x Kaiming, method-references §1.1)
+    # ... and 6 E[z] / fan_in = 3 / fan_in for a sampled network (1.5 times Kaiming's 2 / fan_in)
     z = torch.bernoulli(p, generator=torch.Generator().manual_seed(2))
     assert float(q.matvec(z).double().var()) == pytest.approx(3.0 / 784, rel=0.05)
 
@@ -320,6 +337,166 @@ def test_bad_configs_name_the_key(make_config, tmp_path: Path) -> None:
             make_config([*DIGITS, "rounds=1", "method.upload=probabilities", "method.uplink=arithmetic"]),
             tmp_path / "c",
         )
+    with pytest.raises(ConfigError, match="Bernoulli mask"):  # a sparsifier on a mask, refused before training
+        run(make_config([*DIGITS, "rounds=1", "compressor=top_k"]), tmp_path / "d")
+
+
+# ---------------------------------------------------------------------------------- on the round engine
+def _digits(num_clients: int) -> DigitsDataModule:
+    dm = DigitsDataModule(num_clients=num_clients, partition=IIDPartition(), seed=0)
+    dm.setup("fit")
+    return dm
+
+
+def _zampling(dm: DigitsDataModule, cls: type[Zampling] = Zampling, **kwargs: Any) -> Zampling:
+    torch.manual_seed(0)
+    options: dict[str, Any] = {"compression": 4, "local_steps": 3, "val_samples": 1, "test_samples": 1}
+    options.update(kwargs)
+    return cls(model=MLP(in_features=64, hidden=[32], num_classes=10), datamodule=dm, **options)
+
+
+def _fit(module: Zampling, rounds: int, *callbacks: Any) -> L.Trainer:
+    trainer = L.Trainer(
+        max_steps=rounds,
+        val_check_interval=rounds,
+        check_val_every_n_epoch=None,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks) or [FullParticipation()],
+    )
+    trainer.fit(module)
+    return trainer
+
+
+class _RoundRecorder(FederatedCallback):
+    """Keeps every round's decoded uploads and the server's p after the round."""
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[Tensor, Tensor]] = []
+        self._uploads: list[Tensor] = []
+
+    def on_round_start(self, trainer: Any, module: Any, round_idx: int) -> None:
+        self._uploads = []
+
+    def on_client_upload(self, trainer: Any, module: Any, round_idx: int, client_id: int, message: Message) -> None:
+        self._uploads.append(message.decode())
+
+    def on_round_end(self, trainer: Any, module: Any, round_idx: int, metrics: dict[str, Any]) -> None:
+        self.rounds.append((torch.stack(self._uploads), module.p.detach().clone()))
+
+
+def test_server_p_is_exactly_the_mean_of_the_uploaded_masks() -> None:
+    # 3 of 5 clients a round; the clients hold different sample counts, so a sample-weighted
+    # mean would differ from the paper's plain mean 1/K sum_k z^k.
+    dm = _digits(5)
+    assert len(set(dm.client_sizes)) > 1
+    module = _zampling(dm)
+    recorder = _RoundRecorder()
+    _fit(module, 3, UniformSampler(clients_per_round=3), recorder)
+    assert len(recorder.rounds) == 3
+    for masks, p in recorder.rounds:
+        assert masks.shape == (3, module.n)
+        assert torch.equal(masks, torch.round(masks)) and float(masks.min()) >= 0 and float(masks.max()) <= 1
+        assert torch.equal(p, masks.mean(dim=0))
+        assert torch.equal(p, mean_of_bits(masks))
+
+
+def test_reset_optimizer_false_restores_the_clients_adam_state() -> None:
+    dm = _digits(2)
+    module = _zampling(dm, reset_optimizer=False)
+    _fit(module, 2)
+    for client_id in range(2):
+        saved = module.client_state.get(client_id, OPTIMIZER_KEY)["state"][0]
+        assert float(saved["step"]) == 6  # 3 local steps in each of 2 rounds: round 1 continued round 0's Adam
+        restored = module.make_client_optimizer(
+            [torch.zeros(module.n, requires_grad=True)], client_id=client_id, round_idx=2
+        ).state_dict()["state"][0]
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(restored[key], saved[key]), key
+        assert float(saved["exp_avg_sq"].abs().sum()) > 0
+    fresh = _zampling(dm, reset_optimizer=True)
+    _fit(fresh, 2)
+    assert fresh.client_state.get(0, OPTIMIZER_KEY) is None
+    new = fresh.make_client_optimizer([torch.zeros(fresh.n, requires_grad=True)], client_id=0, round_idx=2)
+    assert new.state_dict()["state"] == {}
+
+
+class _Counting(Zampling):
+    """Counts the engine's per-batch hooks; checks what local training hands them."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.losses = 0
+        self.step_ends = 0
+
+    def local_loss(self, model: Any, x: Tensor, y: Tensor) -> Tensor:
+        assert isinstance(model, SampledNetwork)
+        self.losses += 1
+        return super().local_loss(model, x, y)
+
+    def on_local_step_end(self, model: Any) -> None:
+        assert isinstance(model, SampledNetwork)
+        self.step_ends += 1
+
+
+def test_local_training_runs_through_the_engines_routine() -> None:
+    dm = _digits(2)
+    module = _zampling(dm, _Counting)
+    _fit(module, 1)
+    assert isinstance(module, _Counting)
+    assert module.losses == module.step_ends == 2 * 3  # local_loss and on_local_step_end on every step
+    # Clipping comes from local_train too: SGD(lr=1) on gradients clipped to norm 1e-3 moves
+    # p by at most 3e-3 in 3 steps (one client uploading p itself).
+    dm1 = _digits(1)
+    start = _zampling(dm1).p.detach().clone()
+    sgd = {"client_optimizer": lambda params: torch.optim.SGD(params, lr=1.0), "upload": "probabilities"}
+    clipped = _zampling(dm1, max_grad_norm=1e-3, **sgd)
+    _fit(clipped, 1)
+    assert 0 < float((clipped.p.detach() - start).norm()) <= 3e-3 + 1e-6
+    free = _zampling(dm1, **sgd)
+    _fit(free, 1)
+    assert float((free.p.detach() - start).norm()) > 10 * 3e-3
+
+
+def test_payloads_codecs_and_refusals() -> None:
+    dm = _digits(2)
+    module = _zampling(dm)
+    assert module.uplink_channel.payload is Payload.BERNOULLI_MASK
+    assert module.downlink_channel.payload is Payload.PROBABILITIES
+    assert module.uplink_numel == module.n and module.sets_server_state
+    assert module.uplink_channel.codec.name == BitPackCodec().name
+    assert [type(cb) for cb in module.configure_callbacks()] == [ZamplingEvaluation]
+    local = _zampling(dm, upload="probabilities")
+    assert local.uplink_channel.payload is Payload.PROBABILITIES and local.client_metric_names == ()
+    # arithmetic coding: the range coder's model is the broadcast p of the round
+    coded = _zampling(dm, uplink="arithmetic", p_clamp=0.1)
+    state = coded.broadcast_state(0)
+    assert torch.equal(torch.from_numpy(coded.uplink_channel.codec.model_p).float(), state.clamp(0.1, 0.9))
+    with pytest.raises(ConfigError, match="Bernoulli mask"):
+        module.uplink_channel.attach(Sign())  # a sign of a mask is not a mask
+    with pytest.raises(ConfigError, match="server_optimizer"):
+        _zampling(dm, server_optimizer=lambda params: torch.optim.SGD(params, lr=1.0))
+    with pytest.raises(ConfigError, match="aggregation"):
+        _zampling(dm, aggregation="unbiased")
+
+
+def test_score_estimators_are_strategies() -> None:
+    assert isinstance(score_estimator("zampling"), ClippedScore)
+    assert isinstance(score_estimator("zhou"), SigmoidScore) and isinstance(score_estimator("fedpm"), SigmoidScore)
+    flags = {name: (score_estimator(name).mask_frozen, score_estimator(name).scale_by_p) for name in SCORE_NAMES}
+    assert flags == {"zampling": (True, False), "zhou": (False, False), "fedpm": (False, True)}
+    q = _tiny_q()
+    weights = score_estimator("fedpm").weights(q)
+    assert isinstance(weights, ZampledWeights) and weights.scale_by_p and not weights.mask_frozen
+    with pytest.raises(ConfigError, match=r"method\.estimator='relu'"):
+        score_estimator("relu")
+
+
+SCORE_NAMES = ("zampling", "zhou", "fedpm")
 
 
 # ---------------------------------------------------------------------------------- sensitivity
@@ -454,3 +631,29 @@ def test_padded_columns_and_free_block_by_hand() -> None:
     assert vals.tolist() == [[2.0, 0.0], [3.0, 0.0], [1.0, -1.0]]
     block = q.free_block(torch.tensor([1, 2]))
     assert torch.mv(block, torch.tensor([1.0, 2.0, 0.0])).tolist() == [6.0, -1.0]
+
+
+def test_resume_continues_the_same_run(make_config, tmp_path: Path) -> None:
+    # The lattice downlink's K and every client's Adam state come back from the checkpoint.
+    args = [
+        *DIGITS,
+        "rounds=3",
+        "method.compression=8",
+        "method.local_steps=4",
+        "method.downlink=lattice",
+        "method.reset_optimizer=false",
+        "method.test_samples=2",
+        "checkpoint_every=1",
+    ]
+    straight = run(make_config(args), tmp_path / "straight")
+    checkpoint = tmp_path / "straight" / "checkpoints" / "round-0002.ckpt"
+    resumed = run(make_config([*args, f"ckpt_path={checkpoint}"]), tmp_path / "resumed")
+
+    def final_p(folder: str) -> Tensor:
+        return torch.load(tmp_path / folder / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]["p"]
+
+    assert torch.equal(final_p("resumed"), final_p("straight"))
+    for key in ("test/acc", "test/acc_sampled_mean", "test/acc_best_mask", "comm/downlink_bits_total"):
+        assert resumed[key] == straight[key], key
+    n = 4810 // 8
+    assert straight["comm/downlink_bits_total"] == 10 * (32 * n + 2 * (32 + 4 * n))  # rounds 1-2 on the lattice
