@@ -636,7 +636,11 @@ class Zampling(FederatedModule):
     @override
     def configure_callbacks(self) -> list[L.Callback]:
         # One instance for every fit, validate and test of this module, so the mask chosen on
-        # validation is the one scored on test (test/acc_best_mask).
+        # validation is the one scored on test (test/acc_best_mask); a trainer that already
+        # holds it (a test after a fit) keeps it where it is.
+        trainer = self.attached_trainer
+        if trainer is not None and any(cb is self.evaluation for cb in trainer.callbacks):  # type: ignore[attr-defined]
+            return []
         return [self.evaluation]
 
     @override
