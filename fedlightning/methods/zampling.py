@@ -349,7 +349,7 @@ class SampledNetwork(nn.Module):
     ) -> None:
         super().__init__()
         self.score = nn.Parameter(score.detach().clone())
-        self.__dict__["_network"] = network  # holds the hidden client model: never registered
+        self._network = network  # a plain object around the hidden client model: nothing is registered
         self._weights = weights
         self._estimator = estimator
         self._sampling = sampling
@@ -369,7 +369,7 @@ class SampledNetwork(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self._w is None:
             raise RuntimeError("SampledNetwork.resample() must draw a mask before the forward pass.")
-        return self.__dict__["_network"].forward(x, self._w)
+        return self._network.forward(x, self._w)
 
 
 # ---------------------------------------------------------------------------------- the method
