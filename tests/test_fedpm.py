@@ -102,3 +102,15 @@ def test_fedpm_posterior_from_the_round_sums_matches_the_stacked_formula(prior_r
     assert torch.allclose(module.alpha.double(), alpha, atol=1e-5)
     assert torch.allclose(module.beta.double(), beta, atol=1e-5)
     assert torch.allclose(module.p.detach().double(), beta_posterior_mode(alpha, beta), atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["fedpm", "supermask"])
+@pytest.mark.parametrize("setting", ["method.d=5", "method.compression=8", "method.estimator=zampling"])
+def test_settings_the_diagonal_methods_fix_are_refused_not_ignored(
+    make_config: Any, tmp_path: Path, method: str, setting: str
+) -> None:
+    from fedlightning.errors import ConfigError
+
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"fixes {key}=.*would be ignored; remove it"):
+        run(make_config([f"method={method}", "model=digits_mlp", setting, "rounds=1"]), tmp_path)

@@ -160,8 +160,9 @@ class FederatedModule(L.LightningModule):
     """A client's share w_i: n_i / n (FedAvg) or 1 / N (methods whose objective is (1/N) Σ f_i)."""
     supported_aggregation: ClassVar[tuple[Estimator, ...]] = ESTIMATORS
     """The estimators this method's server step is defined for."""
-    client_metric_names: ClassVar[tuple[str, ...]] = ()
-    """Names of the per-client diagnostics in :attr:`ClientResult.metrics` (logged as round means)."""
+    client_metric_names: tuple[str, ...] = ()
+    """Names of the per-client diagnostics in :attr:`ClientResult.metrics` (logged as round means);
+    a method may set them per instance, before training."""
 
     def __init__(
         self,

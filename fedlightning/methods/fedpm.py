@@ -31,7 +31,7 @@ from typing_extensions import override
 
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import WeightedMean
-from fedlightning.methods.zampling import Zampling
+from fedlightning.methods.zampling import Zampling, refuse_fixed_settings
 from fedlightning.models.zampling import SparseQ, diagonal_q, row_fan_in
 
 __all__ = ["FedPM", "beta_posterior_mode", "signed_constant_weights", "smooth_bits", "smoothed_sum"]
@@ -84,7 +84,7 @@ class FedPM(Zampling):
         prior_reset: ``every_round`` (code), ``periodic`` (paper) or ``never``.
         reset_every: period ρ of the ``periodic`` reset.
         weight_scale: the constant's factor (e in ``ME_init``).
-        **kwargs: :class:`Zampling` arguments (``d``, ``compression`` and ``estimator`` are fixed).
+        **kwargs: :class:`Zampling` arguments (``d`` = 1, n = m and ``estimator`` are fixed: another value is refused).
     """
 
     alpha: Tensor
@@ -109,8 +109,10 @@ class FedPM(Zampling):
         self.prior_reset = prior_reset
         self.reset_every = reset_every
         self.weight_scale = weight_scale
-        for fixed in ("d", "compression", "n", "estimator"):
-            kwargs.pop(fixed, None)
+        fixed = {"d": 1, "compression": 1, "n": "m", "estimator": "fedpm"}
+        refuse_fixed_settings(
+            "FedPM", fixed, {key: kwargs.pop(key) for key in ("d", "compression", "n", "estimator") if key in kwargs}
+        )
         kwargs.setdefault("p_init", "score_normal")
         super().__init__(d=1, compression=1, n=None, estimator="fedpm", **kwargs)
         if self.downlink == "lattice":

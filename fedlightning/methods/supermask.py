@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
-from fedlightning.methods.zampling import Zampling
+from fedlightning.methods.zampling import Zampling, refuse_fixed_settings
 from fedlightning.models.zampling import SparseQ, diagonal_q, glorot_std, row_fan_in, row_fan_out
 
 __all__ = ["Supermask", "supermask_weights"]
@@ -48,13 +48,15 @@ class Supermask(Zampling):
 
     Args:
         signed_constant: use sign(w)·std instead of Glorot-normal values.
-        **kwargs: :class:`Zampling` arguments (``d``, ``compression`` and ``estimator`` are fixed).
+        **kwargs: :class:`Zampling` arguments (``d`` = 1, n = m and ``estimator`` are fixed: another value is refused).
     """
 
     def __init__(self, *, signed_constant: bool = False, **kwargs: Any) -> None:
         self.signed_constant = signed_constant
-        for fixed in ("d", "compression", "n", "estimator"):
-            kwargs.pop(fixed, None)
+        fixed = {"d": 1, "compression": 1, "n": "m", "estimator": "zhou"}
+        refuse_fixed_settings(
+            "Supermask", fixed, {key: kwargs.pop(key) for key in ("d", "compression", "n", "estimator") if key in kwargs}
+        )
         kwargs.setdefault("p_init", "half")
         super().__init__(d=1, compression=1, n=None, estimator="zhou", **kwargs)
 

@@ -413,7 +413,7 @@ class Zampling(FederatedModule):
     sets_server_state = True
     client_weighting = "uniform"  # the paper's plain mean 1/K Σ_k z^k over the uploaders
     supported_aggregation = ("normalised",)
-    client_metric_names: ClassVar[tuple[str, ...]] = (XENT_METRIC,)
+    client_metric_names: tuple[str, ...] = (XENT_METRIC,)
 
     def __init__(
         self,
@@ -491,7 +491,7 @@ class Zampling(FederatedModule):
         if upload == "probabilities":
             self.uplink_channel.payload = Payload.PROBABILITIES
             self.uplink_channel.codec = Float32Codec()
-            self.client_metric_names = ()  # type: ignore[misc]  # no mask, so no mask code length
+            self.client_metric_names = ()  # no mask, so no mask code length
         else:
             self.uplink_channel.codec = BitPackCodec()  # arithmetic: replaced every round
         self.downlink_channel.codec = Float32Codec()
@@ -684,3 +684,13 @@ def _beta_sample(a: float, size: int, gen: torch.Generator) -> Tensor:
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not supported; choose one of {', '.join(allowed)}.")
+
+
+def refuse_fixed_settings(method: str, fixed: dict[str, object], given: dict[str, object]) -> None:
+    """Stop when a setting that ``method`` fixes was given another value (it would be ignored)."""
+    for key, value in given.items():
+        if value is not None and value != fixed[key]:
+            raise ConfigError(
+                f"{method} fixes method.{key}={fixed[key]} (Q = diag(w), one score per weight), so "
+                f"method.{key}={value} would be ignored; remove it."
+            )
