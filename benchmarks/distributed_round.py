@@ -45,8 +45,15 @@ def round_times(data_root: str, rounds: int, processes: int, folder: Path) -> li
     """``time/round_s`` of every round of one run."""
     extra = ["trainer=ddp", f"trainer.devices={processes}"] if processes > 1 else []
     command = [
-        sys.executable, "-m", "fedlightning.cli", *S1, f"data.root={data_root}", f"rounds={rounds}",
-        f"eval_every={rounds}", *extra, f"hydra.run.dir={folder}",
+        sys.executable,
+        "-m",
+        "fedlightning.cli",
+        *S1,
+        f"data.root={data_root}",
+        f"rounds={rounds}",
+        f"eval_every={rounds}",
+        *extra,
+        f"hydra.run.dir={folder}",
     ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     subprocess.run(command, check=True, env=env, capture_output=True)

@@ -28,9 +28,19 @@ def worker(data_root: str, clients_per_round: int, folder: str) -> None:
     from fedlightning.run import run
 
     overrides = [
-        "data=mnist", "model=mnistfc", "partition=iid", "data.num_clients=100", f"data.root={data_root}",
-        "sampler=uniform", f"clients_per_round={clients_per_round}", "rounds=2", "eval_every=2",
-        "logger=none", "checkpoint_every=0", "save_partition=false", "trainer.enable_progress_bar=false",
+        "data=mnist",
+        "model=mnistfc",
+        "partition=iid",
+        "data.num_clients=100",
+        f"data.root={data_root}",
+        "sampler=uniform",
+        f"clients_per_round={clients_per_round}",
+        "rounds=2",
+        "eval_every=2",
+        "logger=none",
+        "checkpoint_every=0",
+        "save_partition=false",
+        "trainer.enable_progress_bar=false",
     ]
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
@@ -52,14 +62,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for k in (10, 100):
             out = subprocess.run(
-                [sys.executable, __file__, "--data-root", args.data_root, "--worker", str(k), "--folder", f"{tmp}/k{k}"],
-                check=True, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"},
+                [
+                    sys.executable,
+                    __file__,
+                    "--data-root",
+                    args.data_root,
+                    "--worker",
+                    str(k),
+                    "--folder",
+                    f"{tmp}/k{k}",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "WANDB_MODE": "disabled"},
             )
             results[k] = json.loads(out.stdout.strip().splitlines()[-1])
             print(results[k], flush=True)
     ratio = results[100]["peak_mb"] / results[10]["peak_mb"]
-    print(f"peak memory, 100 vs 10 clients per round: {results[100]['peak_mb']:.0f} MB vs "
-          f"{results[10]['peak_mb']:.0f} MB, ratio {ratio:.3f} (target <= 1.1)")
+    print(
+        f"peak memory, 100 vs 10 clients per round: {results[100]['peak_mb']:.0f} MB vs "
+        f"{results[10]['peak_mb']:.0f} MB, ratio {ratio:.3f} (target <= 1.1)"
+    )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,14 @@ CASES = {
     "fedadam_uniform": ["rounds=2", "method=fedadam", "sampler=uniform", "clients_per_round=5"],
     "top_k_error_feedback": ["rounds=2", "compressor=top_k_ef", "sampler=uniform", "clients_per_round=6"],
     "diana": ["+experiment=diana_digits_quick", "rounds=3", "eval_every=3", "compressor=natural_dithering"],
-    "federated_zampling": ["rounds=2", "method=zampling", "model=digits_mlp", "method.val_samples=2",
-                           "method.test_samples=2", "method.compression=4"],
+    "federated_zampling": [
+        "rounds=2",
+        "method=zampling",
+        "model=digits_mlp",
+        "method.val_samples=2",
+        "method.test_samples=2",
+        "method.compression=4",
+    ],
 }
 
 

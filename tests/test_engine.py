@@ -77,7 +77,7 @@ def test_one_fedavg_round_equals_the_closed_form() -> None:
     trainer.fit(module)
     assert trainer.global_step == 1  # one training_step is one round
     assert torch.allclose(flat_parameters(module.model), w0 + expected_delta, atol=1e-6)
-    # Local training never wrote into the global weights (lightning-fl-notes P1).
+    # Local training never wrote into the global weights (no aliasing of the flat vector).
     assert not torch.equal(flat_parameters(module.client_model), flat_parameters(module.model))
 
 

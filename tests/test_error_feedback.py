@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from fedlightning.callbacks.compression import UplinkCompression
 from fedlightning.compression import RandK, TopK, error_feedback_step
+from fedlightning.compression.codecs import Float32Codec
+from fedlightning.federated.channel import Channel
+from fedlightning.federated.message import Message
+from fedlightning.federated.payloads import Payload
 from fedlightning.federated.state import ClientStateStore
 
 A = torch.tensor([[-3.0, 2.0, 2.0], [2.0, -3.0, 2.0], [2.0, 2.0, -3.0]], dtype=torch.float64)
@@ -47,29 +50,27 @@ def test_top1_with_error_feedback_converges() -> None:
     assert float(xs[-1].norm()) < 1e-3 * float(xs[0].norm())  # x* = 0
 
 
-def test_callback_keeps_per_client_memory_in_the_state_store() -> None:
-    class Module:
-        client_state = ClientStateStore()
-
-        def server_parameters(self) -> list[torch.Tensor]:
-            return [torch.zeros(4)]
-
-        def generator(self, round_idx: int, client_id: int, purpose: str) -> torch.Generator:
-            return torch.Generator().manual_seed(round_idx * 1000 + client_id)
-
-    module = Module()
-    cb = UplinkCompression(TopK(k=1), error_feedback=True)
+def test_channel_keeps_per_client_memory_in_the_state_store() -> None:
+    store = ClientStateStore()
+    channel = Channel(direction="uplink", payload=Payload.MODEL_DELTA, codec=Float32Codec(), method="test")
+    channel.attach(TopK(k=1), error_feedback=True)
     upload = torch.tensor([1.0, 0.5, 0.25, 0.0])
-    m0 = cb.encode_uplink(None, module, 0, 7, upload)  # type: ignore[arg-type]
+
+    def send(round_idx: int, client_id: int) -> Message:
+        gen = torch.Generator().manual_seed(round_idx * 1000 + client_id)
+        return channel.encode(upload, client_id=client_id, generator=gen, state=store)
+
+    m0 = send(0, 7)
     assert m0.decode().tolist() == [1.0, 0.0, 0.0, 0.0]
-    assert module.client_state.get(7, "ef_memory").tolist() == [0.0, 0.5, 0.25, 0.0]
-    m1 = cb.encode_uplink(None, module, 1, 7, upload)  # type: ignore[arg-type]
+    assert store.get(7, "ef_memory").tolist() == [0.0, 0.5, 0.25, 0.0]
+    m1 = send(1, 7)
     assert int((m1.decode() != 0).sum()) == 1
     # memory + upload = sent + new memory (nothing is lost)
     total = upload + torch.tensor([0.0, 0.5, 0.25, 0.0])
-    assert torch.allclose(m1.decode() + module.client_state.get(7, "ef_memory"), total)
-    assert module.client_state.get(3, "ef_memory") is None
+    assert torch.allclose(m1.decode() + store.get(7, "ef_memory"), total)
+    assert store.get(3, "ef_memory") is None
     # an unbiased operator without EF keeps no state
-    cb2 = UplinkCompression(RandK(k=2))
-    cb2.encode_uplink(None, module, 0, 3, upload)  # type: ignore[arg-type]
-    assert module.client_state.get(3, "ef_memory") is None
+    plain = Channel(direction="uplink", payload=Payload.MODEL_DELTA, codec=Float32Codec(), method="test")
+    plain.attach(RandK(k=2))
+    plain.encode(upload, client_id=3, generator=torch.Generator(), state=store)
+    assert store.get(3, "ef_memory") is None

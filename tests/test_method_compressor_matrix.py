@@ -24,11 +24,22 @@ from fedlightning.run import run
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 METHODS = sorted(p.stem for p in (CONFIGS / "method").glob("*.yaml"))
 COMPRESSORS = sorted(p.stem for p in (CONFIGS / "compressor").glob("*.yaml"))
-SMALL = ["rounds=2", "eval_every=2", "data.num_clients=3", "model=digits_logreg", "save_partition=false",
-         "checkpoint_every=0"]
+SMALL = [
+    "rounds=2",
+    "eval_every=2",
+    "data.num_clients=3",
+    "model=digits_logreg",
+    "save_partition=false",
+    "checkpoint_every=0",
+]
 PARAMS = 64 * 10 + 10  # digits_logreg
-FIXED_LENGTH = {"identity": 32 * PARAMS, "natural": 9 * PARAMS, "natural_deterministic": 9 * PARAMS,
-                "sign": PARAMS, "scaled_sign": 2 * 32 + PARAMS}  # layer-wise: two tensors
+FIXED_LENGTH = {
+    "identity": 32 * PARAMS,
+    "natural": 9 * PARAMS,
+    "natural_deterministic": 9 * PARAMS,
+    "sign": PARAMS,
+    "scaled_sign": 2 * 32 + PARAMS,
+}  # layer-wise: two tensors
 DIANA_FAMILY = {"diana", "vr_diana"}
 
 

@@ -139,8 +139,9 @@ class _LargestUpdateUploads(ClientSampler):
     def choose_uploaders(self, trainer: Any, module: Any, cohort: Cohort, update_norms: Tensor) -> Cohort:
         self.norms = update_norms.clone()
         best = int(update_norms.argmax())
-        return Cohort(round_idx=cohort.round_idx, client_ids=(cohort.client_ids[best],),
-                      inclusion_probabilities=torch.ones(1))
+        return Cohort(
+            round_idx=cohort.round_idx, client_ids=(cohort.client_ids[best],), inclusion_probabilities=torch.ones(1)
+        )
 
 
 def test_a_sampler_chooses_uploaders_from_every_clients_update_norm(tmp_path: Path) -> None:
@@ -190,9 +191,12 @@ def test_a_method_that_sets_its_state_refuses_a_server_optimiser() -> None:
     class _SetsState(FederatedModule):
         sets_server_state = True
 
-    with pytest.raises(ConfigError, match="remove method.server_optimizer"):
-        _SetsState(model=LogisticRegression(in_features=64, num_classes=10), datamodule=_dm(),
-                   server_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+    with pytest.raises(ConfigError, match=r"remove method\.server_optimizer"):
+        _SetsState(
+            model=LogisticRegression(in_features=64, num_classes=10),
+            datamodule=_dm(),
+            server_optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
+        )
 
 
 LIGHTNING_STEP_HOOKS = ("training_step", "on_train_batch_start", "on_train_batch_end", "on_before_optimizer_step")

@@ -1,6 +1,6 @@
 """Smoke tests of the Zampling-family experiment configs, and the slow acceptance runs.
 
-The slow tests reproduce the issue's "what must hold" numbers on real MNIST
+The slow tests reproduce the acceptance numbers (benchmarks/results/zampling.md) on real MNIST
 (``pytest -m slow tests/test_zampling_experiments.py``; about 6 minutes each on 2 cores).
 """
 

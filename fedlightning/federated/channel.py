@@ -172,9 +172,7 @@ class Channel:
         )
 
     # ------------------------------------------------------------------ the wire
-    def encode(
-        self, x: Tensor, *, client_id: int, generator: torch.Generator, state: ClientStateStore
-    ) -> Message:
+    def encode(self, x: Tensor, *, client_id: int, generator: torch.Generator, state: ClientStateStore) -> Message:
         """The message that carries ``x`` from ``client_id`` (the sender) in this direction.
 
         ``generator`` is the sender's compression stream; ``state`` holds error-feedback memory.

@@ -55,7 +55,6 @@ from fedlightning.federated.batches import local_batches
 from fedlightning.federated.channel import Channel, DownlinkChannel
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.hooks import ClientSampler, FederatedCallback
-from fedlightning.federated.message import Message
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters, set_flat_grad_
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER, torch_generator
@@ -213,7 +212,9 @@ class FederatedModule(L.LightningModule):
         self.max_grad_norm = max_grad_norm
         self.aggregation: Estimator = aggregation
         self.client_state = ClientStateStore()
-        self.uplink_channel = Channel(direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name)
+        self.uplink_channel = Channel(
+            direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name
+        )
         self.downlink_channel = DownlinkChannel(payload=self.downlink_payload, codec=Float32Codec(), method=name)
         self.task = getattr(datamodule, "task", "classification")
         if self.task == "classification":
@@ -311,10 +312,8 @@ class FederatedModule(L.LightningModule):
 
     def upload_weight(self, *, client_id: int, num_samples: int, inclusion_probability: float) -> float:
         """The coefficient of one upload: the client's share w_i, divided by p_i when unbiased."""
-        if self.client_weighting == "uniform":
-            share = 1.0 / self.num_clients
-        else:
-            share = num_samples / self._total_samples()
+        uniform = self.client_weighting == "uniform"
+        share = 1.0 / self.num_clients if uniform else num_samples / self._total_samples()
         return share / inclusion_probability if self.aggregation == "unbiased" else share
 
     def on_upload_decoded(self, *, client_id: int, round_idx: int, decoded: Tensor) -> None:

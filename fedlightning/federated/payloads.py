@@ -12,12 +12,12 @@ False
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 __all__ = ["DENSE_UPDATES", "Payload"]
 
 
-class Payload(str, Enum):
+class Payload(StrEnum):
     """Kinds of tensors that cross the wire."""
 
     MODEL = "model weights"
@@ -34,9 +34,6 @@ class Payload(str, Enum):
     """A vector in [0, 1]^n (Zampling's p)."""
     GATED_SPARSE = "gated sparse values"
     """E-FLoPS' support, weights and gate probabilities in one message."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 DENSE_UPDATES = frozenset({Payload.MODEL_DELTA, Payload.GRADIENT})
