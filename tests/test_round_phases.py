@@ -211,3 +211,17 @@ def test_no_method_overrides_the_round_or_a_batch_hook(name: str) -> None:
             assert not overridden, f"{klass.__name__} overrides {overridden}"
     source = inspect.getsource(importlib.import_module(cls.__module__))
     assert "server_update" not in source and "ClientUpload" not in source
+
+
+def test_a_round_whose_every_upload_is_lost_leaves_the_server_state_unchanged() -> None:
+    class _LoseAll(FederatedCallback):
+        def drops_upload(self, trainer: Any, module: Any, round_idx: int, client_id: int) -> bool:
+            return round_idx == 1
+
+    dm = _dm(num_clients=3)
+    module = _fedavg(dm, server_optimizer=lambda p: torch.optim.SGD(p, lr=1.0, momentum=0.9))
+    _fit(module, [FullParticipation()], rounds=1)
+    after_one = flat_parameters(module.model)
+    again = _fedavg(dm, server_optimizer=lambda p: torch.optim.SGD(p, lr=1.0, momentum=0.9))
+    _fit(again, [FullParticipation(), _LoseAll()], rounds=2)  # round 1 loses everything
+    assert torch.equal(flat_parameters(again.model), after_one)  # no stale gradient, no momentum step

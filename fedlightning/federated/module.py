@@ -512,12 +512,12 @@ class FederatedModule(L.LightningModule):
 
         # apply
         optimizer = self.optimizers()
+        optimizer.zero_grad()  # type: ignore[union-attr]  # gradients set to None: a step without one is a no-op
         if aggregator.empty:
             log.warning("Round %d: no upload reached the server; the server state is unchanged.", round_idx)
         elif self.sets_server_state:
             self.set_server_state(round_idx=round_idx, aggregator=aggregator)
         else:
-            optimizer.zero_grad()  # type: ignore[union-attr]
             set_flat_grad_(self.server_parameters(), -self.server_delta(round_idx=round_idx, aggregator=aggregator))
         optimizer.step()  # type: ignore[union-attr]  # also the round counter (global_step)
 
