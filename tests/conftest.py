@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -45,3 +46,20 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 def make_config() -> Callable[..., DictConfig]:
     """Compose the real config from overrides: ``make_config(["rounds=2"])``."""
     return compose_config
+
+
+def round_trainer(rounds: int, callbacks: list[object], **kwargs: object) -> L.Trainer:
+    """A quiet Lightning trainer for ``rounds`` federated rounds, evaluating once at the end."""
+    options: dict[str, object] = {
+        "max_steps": rounds,
+        "val_check_interval": rounds,
+        "check_val_every_n_epoch": None,
+        "num_sanity_val_steps": 0,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "callbacks": callbacks,
+    }
+    options.update(kwargs)
+    return L.Trainer(**options)  # type: ignore[arg-type]

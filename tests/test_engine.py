@@ -23,6 +23,7 @@ from fedlightning.federated.rng import stream_seed
 from fedlightning.methods import FedAvg
 from fedlightning.models import LogisticRegression
 from fedlightning.sampling import FullParticipation, UniformSampler
+from tests.conftest import round_trainer
 
 
 def _datamodule(num_clients: int = 3, seed: int = 0) -> DigitsDataModule:
@@ -43,18 +44,7 @@ def _module(dm: DigitsDataModule, **kwargs: Any) -> FedAvg:
 
 
 def _trainer(rounds: int, callbacks: list[Any] | None = None, **kwargs: Any) -> L.Trainer:
-    return L.Trainer(
-        max_steps=rounds,
-        val_check_interval=rounds,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=callbacks if callbacks is not None else [FullParticipation()],
-        **kwargs,
-    )
+    return round_trainer(rounds, callbacks if callbacks is not None else [FullParticipation()], **kwargs)
 
 
 def test_one_fedavg_round_equals_the_closed_form() -> None:

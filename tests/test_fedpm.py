@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from torch import Tensor
@@ -18,6 +17,7 @@ from fedlightning.methods.fedpm import FedPM, beta_posterior_mode, signed_consta
 from fedlightning.models.mlp import MLP
 from fedlightning.run import run
 from fedlightning.sampling import FullParticipation
+from tests.conftest import round_trainer
 
 DIGITS = ["data=digits", "model=digits_mlp", "partition=iid", "method.val_samples=2", "method.test_samples=2"]
 
@@ -83,17 +83,7 @@ def test_fedpm_posterior_from_the_round_sums_matches_the_stacked_formula(prior_r
         test_samples=1,
     )
     uploads = _Uploads()
-    trainer = L.Trainer(
-        max_steps=2,
-        val_check_interval=2,
-        check_val_every_n_epoch=None,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[FullParticipation(), uploads],
-    )
+    trainer = round_trainer(2, [FullParticipation(), uploads], limit_val_batches=0)
     trainer.fit(module)
     # By hand over the stacked masks: alpha = 1 + sum_k v_k, beta = 1 + sum_k (1 - v_k), v = smooth(z).
     rounds = uploads.rounds if prior_reset == "never" else uploads.rounds[-1:]

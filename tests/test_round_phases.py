@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from omegaconf import DictConfig
@@ -29,6 +28,7 @@ from fedlightning.methods import FedAvg
 from fedlightning.models import LogisticRegression
 from fedlightning.run import run
 from fedlightning.sampling import FullParticipation, UniformSampler
+from tests.conftest import round_trainer
 
 
 def test_expected_weights_of_two_of_three_clients_drawn_uniformly() -> None:
@@ -73,17 +73,7 @@ def _fedavg(dm: DigitsDataModule, **kwargs: Any) -> FedAvg:
 
 
 def _fit(module: FederatedModule, callbacks: list[Any], rounds: int = 1) -> None:
-    L.Trainer(
-        max_steps=rounds,
-        val_check_interval=rounds,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-    ).fit(module)
+    round_trainer(rounds, callbacks).fit(module)
 
 
 def test_upload_weight_is_the_share_divided_by_the_inclusion_probability_when_unbiased() -> None:

@@ -49,6 +49,7 @@ from fedlightning.models.zampling import (
 )
 from fedlightning.run import run
 from fedlightning.sampling import FullParticipation, UniformSampler
+from tests.conftest import round_trainer
 
 SMALL = MLP(in_features=784, hidden=[20, 20], num_classes=10)  # m = 16,330
 
@@ -356,18 +357,7 @@ def _zampling(dm: DigitsDataModule, cls: type[Zampling] = Zampling, **kwargs: An
 
 
 def _fit(module: Zampling, rounds: int, *callbacks: Any) -> L.Trainer:
-    trainer = L.Trainer(
-        max_steps=rounds,
-        val_check_interval=rounds,
-        check_val_every_n_epoch=None,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=list(callbacks) or [FullParticipation()],
-    )
+    trainer = round_trainer(rounds, list(callbacks) or [FullParticipation()], limit_val_batches=0)
     trainer.fit(module)
     return trainer
 

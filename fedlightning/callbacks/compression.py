@@ -56,6 +56,12 @@ class _CompressionCallback(FederatedCallback):
         self.error_feedback = bool(error_feedback)
         self.granularity: Literal["layer", "model"] = granularity
         self.log_metadata = log_metadata
+        if self.direction == "uplink" and not compressor.unbiased and not self.error_feedback:
+            log.warning(
+                "Uplink compressor %s is biased and error feedback is off (compressor.error_feedback=false): "
+                "distributed SGD may diverge (thesis Example 4.7.1).",
+                compressor.name,
+            )
 
     def channel(self, module: Any) -> Channel:
         """The module's channel of this direction."""
@@ -89,24 +95,6 @@ class UplinkCompression(_CompressionCallback):
     """
 
     direction = "uplink"
-
-    def __init__(
-        self,
-        compressor: Compressor,
-        *,
-        error_feedback: bool = False,
-        granularity: Literal["layer", "model"] = "layer",
-        log_metadata: bool = True,
-    ) -> None:
-        super().__init__(
-            compressor, error_feedback=error_feedback, granularity=granularity, log_metadata=log_metadata
-        )
-        if not compressor.unbiased and not self.error_feedback:
-            log.warning(
-                "Uplink compressor %s is biased and error feedback is off (compressor.error_feedback=false): "
-                "distributed SGD may diverge (thesis Example 4.7.1).",
-                compressor.name,
-            )
 
 
 class DownlinkCompression(_CompressionCallback):

@@ -133,6 +133,10 @@ class Channel:
             )
         if granularity not in ("layer", "model"):
             raise ConfigError(f"compressor granularity must be 'layer' or 'model' (got {granularity!r}).")
+        if error_feedback and self.direction == "downlink":
+            raise ConfigError(
+                "The downlink replica already re-sends the compression error; downlink error feedback does not exist."
+            )
         if self.compressed_payload not in compressor.accepts:
             raise incompatible_payload(
                 method=self.method,
@@ -215,20 +219,6 @@ class DownlinkChannel(Channel):
     def compressed_payload(self) -> Payload:
         """A model broadcast reaches the operator as the delta x − x̂; other payloads as they are."""
         return Payload.MODEL_DELTA if self.payload is Payload.MODEL else self.payload
-
-    def attach(
-        self,
-        compressor: Compressor,
-        *,
-        error_feedback: bool = False,
-        granularity: Literal["layer", "model"] = "layer",
-        block_sizes: list[int] | None = None,
-    ) -> None:
-        if error_feedback:
-            raise ConfigError(
-                "The downlink replica already re-sends the compression error; downlink error feedback does not exist."
-            )
-        super().attach(compressor, granularity=granularity, block_sizes=block_sizes)
 
     def encode(
         self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator, state: ClientStateStore
