@@ -412,10 +412,14 @@ class FederatedModule(L.LightningModule):
         )
 
     def reduce_sum(self, tensor: Tensor) -> Tensor:
-        """``tensor`` summed over the processes (itself with one process)."""
+        """``tensor`` summed over the processes (itself with one process), on ``tensor``'s device.
+
+        The collective runs on this module's device (NCCL reduces only GPU tensors).
+        """
         if self.world_size == 1:
             return tensor
-        return self.trainer.strategy.reduce(tensor, reduce_op="sum")
+        reduced = self.trainer.strategy.reduce(tensor.to(self.device), reduce_op="sum")
+        return reduced.to(tensor.device)
 
     # ------------------------------------------------------------------ the round
     def federated_callbacks(self) -> Iterator[FederatedCallback]:
