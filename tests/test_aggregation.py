@@ -6,21 +6,35 @@ import pytest
 import torch
 
 from fedlightning.federated import aggregation as agg
+from fedlightning.federated.aggregators import WeightedMean, participation_weights
 from fedlightning.federated.server_optim import FedOpt
 
 
-def test_normalised_weights_are_sample_shares() -> None:
-    assert agg.normalised_weights(torch.tensor([100, 300])).tolist() == [0.25, 0.75]
-    with pytest.raises(ValueError, match="no samples"):
-        agg.normalised_weights(torch.tensor([0, 0]))
+def test_normalised_participation_weights_are_sample_shares() -> None:
+    weights = participation_weights(torch.tensor([100.0, 300.0]), torch.ones(2), "normalised")
+    assert weights.tolist() == [0.25, 0.75]
+    with pytest.raises(ValueError, match="zero weight"):
+        participation_weights(torch.tensor([0.0, 0.0]), torch.ones(2), "normalised")
 
 
 def test_weighted_mean_on_a_2x3_example() -> None:
-    updates = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mean = WeightedMean(dim=3, normalise=True)
     # (1*[1,2,3] + 2*[4,5,6]) / 3 = [3, 4, 5]
-    assert agg.weighted_mean(updates, torch.tensor([1.0, 2.0])).tolist() == [3.0, 4.0, 5.0]
-    with pytest.raises(ValueError, match=r"\(K, m\)"):
-        agg.weighted_mean(updates, torch.tensor([1.0]))
+    mean.accumulate(torch.tensor([1.0, 2.0, 3.0]), weight=1.0)
+    mean.accumulate(torch.tensor([4.0, 5.0, 6.0]), weight=2.0)
+    assert mean.result().tolist() == [3.0, 4.0, 5.0]
+    with pytest.raises(ValueError, match="dimension 3"):
+        mean.accumulate(torch.tensor([1.0]), weight=1.0)
+
+
+def test_weighted_mean_reduces_two_shares_to_the_whole() -> None:
+    uploads = [torch.tensor([1.0, -1.0]), torch.tensor([3.0, 0.5]), torch.tensor([-2.0, 4.0])]
+    whole, first, second = (WeightedMean(dim=2, normalise=True) for _ in range(3))
+    for k, x in enumerate(uploads):
+        whole.accumulate(x, weight=k + 1.0)
+        (first if k < 2 else second).accumulate(x, weight=k + 1.0)
+    first.all_reduce(lambda t: t + second.packed())
+    assert first.count == 3 and torch.equal(first.result(), whole.result())
 
 
 def test_fedopt_moments_by_hand() -> None:

@@ -72,10 +72,14 @@ class Aggregator:
         """Fold one decoded upload in with coefficient ``weight``."""
         raise NotImplementedError
 
+    def packed(self) -> Tensor:
+        """The whole state as one float64 tensor: the sums, then the upload count."""
+        count = torch.tensor([float(self.count)], dtype=torch.float64, device=self.sums.device)
+        return torch.cat([self.sums, count])
+
     def all_reduce(self, reduce: Reduce) -> None:
         """Sum the state across processes (``reduce`` is an all-reduce with op sum)."""
-        packed = torch.cat([self.sums, torch.tensor([float(self.count)], dtype=torch.float64, device=self.sums.device)])
-        packed = reduce(packed)
+        packed = reduce(self.packed())
         self.sums, self.count = packed[:-1].clone(), round(float(packed[-1]))
         self._reduced = True
 
