@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -55,6 +55,7 @@ from fedlightning.federated.batches import local_batches
 from fedlightning.federated.channel import Channel, DownlinkChannel
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.hooks import ClientSampler, FederatedCallback
+from fedlightning.federated.message import Message
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters, set_flat_grad_
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER, torch_generator
@@ -95,6 +96,21 @@ class LocalTraining:
     steps: int
     num_samples: int
     optimizer: torch.optim.Optimizer
+
+
+@dataclass
+class _Round:
+    """What the phases of one round hand each other."""
+
+    round_idx: int
+    callbacks: list[FederatedCallback]
+    cohort: Cohort = field(init=False)
+    sampler: ClientSampler | None = None
+    choose_later: bool = False
+    probability: dict[int, float] = field(default_factory=dict)
+    received_broadcast: Tensor = field(init=False)
+    aggregator: Aggregator = field(init=False)
+    stats: Tensor = field(init=False)  # loss sum, clients trained, then the client metric sums
 
 
 class RoundClock(torch.optim.Optimizer):
@@ -211,6 +227,7 @@ class FederatedModule(L.LightningModule):
         self.batch_size = batch_size
         self.max_grad_norm = max_grad_norm
         self.aggregation: Estimator = aggregation
+        self._sample_total: int | None = None
         self.client_state = ClientStateStore()
         self.uplink_channel = Channel(
             direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name
@@ -439,145 +456,143 @@ class FederatedModule(L.LightningModule):
         return samplers[0] if samplers else None
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        round_idx = self.global_step
+        """One round: the phases of the module docstring, in order."""
         started = time.perf_counter()
-        callbacks = list(self.federated_callbacks())
-        trainer = self.trainer
-        for cb in callbacks:
-            cb.on_round_start(trainer, self, round_idx)
+        rnd = _Round(round_idx=self.global_step, callbacks=list(self.federated_callbacks()))
+        for cb in rnd.callbacks:
+            cb.on_round_start(self.trainer, self, rnd.round_idx)
+        self._select(rnd)
+        broadcast_state, broadcast = self._broadcast(rnd)
+        rnd.aggregator = self.make_aggregator(rnd.round_idx)
+        rnd.stats = torch.zeros(2 + len(self.client_metric_names), dtype=torch.float64)
+        buffered: list[tuple[int, ClientResult]] = []
+        for client_id in self.share_of(rnd.cohort):
+            received = self._client_downlink(rnd, client_id, broadcast_state, broadcast)
+            result = self.client_update(client_id=client_id, round_idx=rnd.round_idx, received=received)
+            self._check_finite(result, client_id, rnd.round_idx)
+            rnd.stats[0] += float(result.loss)
+            rnd.stats[1] += 1
+            if rnd.choose_later:
+                buffered.append((client_id, result))  # the uploaders are chosen after local work
+            else:
+                self._upload(rnd, client_id, result, rnd.probability[client_id])
+        if rnd.choose_later:
+            self._choose_and_upload(rnd, buffered)
+        rnd.aggregator.all_reduce(self.reduce_sum)
+        rnd.stats = self.reduce_sum(rnd.stats)
+        for cb in rnd.callbacks:
+            cb.on_aggregate(self.trainer, self, rnd.round_idx, rnd.aggregator)
+        self._server_step(rnd)
+        self._log_round(rnd, time.perf_counter() - started)
 
-        # select
+    def _select(self, rnd: _Round) -> None:
+        """Phase *select*: the cohort (the same on every process) and its inclusion probabilities."""
         sampler = self.client_sampler()
-        cohort = (
-            sampler.select_cohort(trainer, self, round_idx)
-            if sampler is not None
-            else Cohort.full(round_idx=round_idx, num_clients=self.num_clients)
-        )
-        for cb in callbacks:
-            cb.on_cohort_selected(trainer, self, cohort)
-        share = self.share_of(cohort)
+        if sampler is None:
+            rnd.cohort = Cohort.full(round_idx=rnd.round_idx, num_clients=self.num_clients)
+        else:
+            rnd.cohort = sampler.select_cohort(self.trainer, self, rnd.round_idx)
+            rnd.choose_later = sampler.chooses_uploaders
+        rnd.sampler = sampler
+        rnd.probability = dict(zip(rnd.cohort.client_ids, rnd.cohort.inclusion_probabilities.tolist(), strict=True))
+        for cb in rnd.callbacks:
+            cb.on_cohort_selected(self.trainer, self, rnd.cohort)
 
-        # downlink
-        broadcast_state = self.broadcast_state(round_idx)
-        broadcast = self.downlink_channel.encode(
-            broadcast_state,
+    def _broadcast(self, rnd: _Round) -> tuple[Tensor, Message]:
+        """Phase *downlink*, shared part: the broadcast state, encoded once by the downlink channel."""
+        state = self.broadcast_state(rnd.round_idx)
+        message = self.downlink_channel.encode(
+            state,
             client_id=SERVER,
-            generator=self.generator(round_idx, SERVER, "compress_downlink"),
+            generator=self.generator(rnd.round_idx, SERVER, "compress_downlink"),
             state=self.client_state,
         )
-        received_broadcast = broadcast.decode().to(self.device)
+        rnd.received_broadcast = message.decode().to(self.device)
+        return state, message
 
-        # local work, then (unless uploaders are chosen afterwards) uplink and accumulate
-        aggregator = self.make_aggregator(round_idx)
-        probability = dict(zip(cohort.client_ids, cohort.inclusion_probabilities.tolist(), strict=True))
-        stats = torch.zeros(2 + len(self.client_metric_names), dtype=torch.float64)  # loss sum, clients, metrics
-        buffered: list[tuple[int, ClientResult]] = []
-        choose = sampler is not None and sampler.chooses_uploaders
-        for client_id in share:
-            message = broadcast
-            own = self.client_downlink(client_id=client_id, round_idx=round_idx, broadcast=broadcast_state)
-            if own is not None:
-                if self.downlink_channel.compressor is not None:
-                    raise ConfigError(
-                        f"{type(self).__name__} sends each client its own message, which a downlink compressor "
-                        "(a broadcast replica) cannot serve; use downlink=none."
-                    )
-                message = self.downlink_channel.codec.encode(own)
-            for cb in callbacks:
-                cb.on_client_downlink(trainer, self, round_idx, client_id, message)
-            received = received_broadcast if message is broadcast else message.decode().to(self.device)
-            result = self.client_update(client_id=client_id, round_idx=round_idx, received=received)
-            self._check_finite(result, client_id, round_idx)
-            stats[0] += float(result.loss)
-            stats[1] += 1
-            if choose:
-                buffered.append((client_id, result))
-            else:
-                self._upload(callbacks, aggregator, round_idx, client_id, result, probability[client_id], stats)
+    def _client_downlink(self, rnd: _Round, client_id: int, state: Tensor, broadcast: Message) -> Tensor:
+        """Phase *downlink*, per client: the message this client receives, observed and decoded."""
+        message = broadcast
+        own = self.client_downlink(client_id=client_id, round_idx=rnd.round_idx, broadcast=state)
+        if own is not None:
+            if self.downlink_channel.compressor is not None:
+                raise ConfigError(
+                    f"{type(self).__name__} sends each client its own message, which a downlink compressor "
+                    "(a broadcast replica) cannot serve; use downlink=none."
+                )
+            message = self.downlink_channel.codec.encode(own)
+        for cb in rnd.callbacks:
+            cb.on_client_downlink(self.trainer, self, rnd.round_idx, client_id, message)
+        return rnd.received_broadcast if message is broadcast else message.decode().to(self.device)
 
-        if choose:
-            assert sampler is not None
-            norms = torch.zeros(len(cohort), dtype=torch.float64)
-            position = {cid: k for k, cid in enumerate(cohort.client_ids)}
-            for client_id, result in buffered:
-                norms[position[client_id]] = float(result.upload.double().norm())
-            uploaders = sampler.choose_uploaders(trainer, self, cohort, self.reduce_sum(norms))
-            chosen = dict(zip(uploaders.client_ids, uploaders.inclusion_probabilities.tolist(), strict=True))
-            for client_id, result in buffered:
-                if client_id in chosen:
-                    self._upload(callbacks, aggregator, round_idx, client_id, result, chosen[client_id], stats)
-            buffered.clear()
+    def _choose_and_upload(self, rnd: _Round, buffered: list[tuple[int, ClientResult]]) -> None:
+        """Phase *choose*: the sampler sees every cohort member's ‖update‖₂, then the chosen upload."""
+        assert rnd.sampler is not None
+        norms = torch.zeros(len(rnd.cohort), dtype=torch.float64)
+        position = {cid: k for k, cid in enumerate(rnd.cohort.client_ids)}
+        for client_id, result in buffered:
+            norms[position[client_id]] = float(result.upload.double().norm())
+        uploaders = rnd.sampler.choose_uploaders(self.trainer, self, rnd.cohort, self.reduce_sum(norms))
+        chosen = dict(zip(uploaders.client_ids, uploaders.inclusion_probabilities.tolist(), strict=True))
+        for client_id, result in buffered:
+            if client_id in chosen:
+                self._upload(rnd, client_id, result, chosen[client_id])
 
-        # reduce
-        aggregator.all_reduce(self.reduce_sum)
-        stats = self.reduce_sum(stats)
-        for cb in callbacks:
-            cb.on_aggregate(trainer, self, round_idx, aggregator)
-
-        # apply
+    def _server_step(self, rnd: _Round) -> None:
+        """Phase *apply*: set the server state, or step the server optimiser on −Δ."""
         optimizer = self.optimizers()
         optimizer.zero_grad()  # type: ignore[union-attr]  # gradients set to None: a step without one is a no-op
-        if aggregator.empty:
-            log.warning("Round %d: no upload reached the server; the server state is unchanged.", round_idx)
+        if rnd.aggregator.empty:
+            log.warning("Round %d: no upload reached the server; the server state is unchanged.", rnd.round_idx)
         elif self.sets_server_state:
-            self.set_server_state(round_idx=round_idx, aggregator=aggregator)
+            self.set_server_state(round_idx=rnd.round_idx, aggregator=rnd.aggregator)
         else:
-            set_flat_grad_(self.server_parameters(), -self.server_delta(round_idx=round_idx, aggregator=aggregator))
+            delta = self.server_delta(round_idx=rnd.round_idx, aggregator=rnd.aggregator)
+            set_flat_grad_(self.server_parameters(), -delta)
         optimizer.step()  # type: ignore[union-attr]  # also the round counter (global_step)
 
-        clients = max(float(stats[1]), 1.0)
-        metrics: dict[str, Any] = {
-            "train/loss": float(stats[0]) / clients,
-            "time/round_s": time.perf_counter() - started,
-        }
-        uploads = max(aggregator.count, 1)
+    def _log_round(self, rnd: _Round, seconds: float) -> None:
+        clients = max(float(rnd.stats[1]), 1.0)
+        metrics: dict[str, Any] = {"train/loss": float(rnd.stats[0]) / clients, "time/round_s": seconds}
+        uploads = max(rnd.aggregator.count, 1)
         for k, name in enumerate(self.client_metric_names):
-            metrics[name] = float(stats[2 + k]) / uploads
-        metrics.update(self.server_metrics(round_idx))
+            metrics[name] = float(rnd.stats[2 + k]) / uploads
+        metrics.update(self.server_metrics(rnd.round_idx))
         for name, value in metrics.items():
             self.log(name, float(value), on_step=True, on_epoch=False)
-        self.log("round", float(round_idx + 1), on_step=True, on_epoch=False, prog_bar=True)
-        for cb in callbacks:
-            cb.on_round_end(trainer, self, round_idx, metrics)
+        self.log("round", float(rnd.round_idx + 1), on_step=True, on_epoch=False, prog_bar=True)
+        for cb in rnd.callbacks:
+            cb.on_round_end(self.trainer, self, rnd.round_idx, metrics)
 
-    def _upload(
-        self,
-        callbacks: Sequence[FederatedCallback],
-        aggregator: Aggregator,
-        round_idx: int,
-        client_id: int,
-        result: ClientResult,
-        inclusion_probability: float,
-        stats: Tensor,
-    ) -> None:
+    def _upload(self, rnd: _Round, client_id: int, result: ClientResult, inclusion_probability: float) -> None:
+        """Phases *uplink* and *accumulate* for one client: drop, or encode, decode and fold in."""
         trainer = self.trainer
-        if any(cb.drops_upload(trainer, self, round_idx, client_id) for cb in callbacks):
-            for cb in callbacks:
-                cb.on_upload_dropped(trainer, self, round_idx, client_id)
+        if any(cb.drops_upload(trainer, self, rnd.round_idx, client_id) for cb in rnd.callbacks):
+            for cb in rnd.callbacks:
+                cb.on_upload_dropped(trainer, self, rnd.round_idx, client_id)
             return
         message = self.uplink_channel.encode(
             result.upload,
             client_id=client_id,
-            generator=self.generator(round_idx, client_id, "compress"),
+            generator=self.generator(rnd.round_idx, client_id, "compress"),
             state=self.client_state,
         )
-        for cb in callbacks:
-            cb.on_client_upload(trainer, self, round_idx, client_id, message)
+        for cb in rnd.callbacks:
+            cb.on_client_upload(trainer, self, rnd.round_idx, client_id, message)
         decoded = message.decode().to(self.device)
-        self.on_upload_decoded(client_id=client_id, round_idx=round_idx, decoded=decoded)
+        self.on_upload_decoded(client_id=client_id, round_idx=rnd.round_idx, decoded=decoded)
         weight = self.upload_weight(
             client_id=client_id, num_samples=result.num_samples, inclusion_probability=inclusion_probability
         )
-        aggregator.accumulate(decoded, weight=weight)
+        rnd.aggregator.accumulate(decoded, weight=weight)
         for k, name in enumerate(self.client_metric_names):
-            stats[2 + k] += float(result.metrics[name])
+            rnd.stats[2 + k] += float(result.metrics[name])
 
     def _total_samples(self) -> int:
-        total = self.__dict__.get("_total_samples_cache")
-        if total is None:
-            total = int(sum(self.datamodule.client_sizes))
-            self.__dict__["_total_samples_cache"] = total
-        return total
+        """n = Σ_i n_i over the whole federation (the denominator of FedAvg's shares)."""
+        if self._sample_total is None:
+            self._sample_total = int(sum(self.datamodule.client_sizes))
+        return self._sample_total
 
     def _check_finite(self, result: ClientResult, client_id: int, round_idx: int) -> None:
         if not (torch.isfinite(result.loss).all() and torch.isfinite(result.upload).all()):
