@@ -215,3 +215,44 @@ def test_a_round_whose_every_upload_is_lost_leaves_the_server_state_unchanged() 
     again = _fedavg(dm, server_optimizer=lambda p: torch.optim.SGD(p, lr=1.0, momentum=0.9))
     _fit(again, [FullParticipation(), _LoseAll()], rounds=2)  # round 1 loses everything
     assert torch.equal(flat_parameters(again.model), after_one)  # no stale gradient, no momentum step
+
+
+def test_the_fedprox_example_of_docs_engine_md_trains_and_shrinks_the_step() -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "engine.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/engine.md", "exec"), namespace)
+    fedprox = namespace["FedProx"]
+    dm = _dm(num_clients=3)
+
+    def step(mu: float) -> Tensor:
+        torch.manual_seed(0)
+        module = fedprox(
+            mu=mu,
+            model=LogisticRegression(in_features=64, num_classes=10),
+            datamodule=dm,
+            client_optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
+            local_steps=20,
+            batch_size=32,
+        )
+        w0 = flat_parameters(module.model)
+        _fit(module, [FullParticipation()])
+        return flat_parameters(module.model) - w0
+
+    plain, proximal = step(0.0), step(1.0)  # lr * mu < 2 keeps the proximal pull stable
+    assert torch.allclose(plain, _fedavg_step(dm), atol=1e-6)  # mu = 0 is FedAvg
+    assert float(proximal.norm()) < 0.8 * float(plain.norm())  # the proximal term holds clients back
+
+
+def _fedavg_step(dm: DigitsDataModule) -> Tensor:
+    torch.manual_seed(0)
+    module = FedAvg(
+        model=LogisticRegression(in_features=64, num_classes=10),
+        datamodule=dm,
+        client_optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
+        local_steps=20,
+        batch_size=32,
+    )
+    w0 = flat_parameters(module.model)
+    _fit(module, [FullParticipation()])
+    return flat_parameters(module.model) - w0
