@@ -174,6 +174,9 @@ def run(
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         log_every_n_steps=1,
+        # With several processes the round loader must tick every round on each of them, and
+        # each evaluates the full held-out sets (a distributed sampler would pad them).
+        use_distributed_sampler=False,
         logger=loggers or False,
         callbacks=callbacks,
         default_root_dir=str(output_dir),

@@ -39,11 +39,11 @@ CASES = {
 }
 
 
-def run_two_processes(overrides: list[str], folder: Path) -> dict[str, Any]:
+def run_two_processes(overrides: list[str], folder: Path, launch: tuple[str, ...] = ("trainer=ddp",)) -> dict[str, Any]:
     """``fedlightning <overrides> trainer=ddp`` (2 processes) with its run folder at ``folder``."""
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
     env.pop("LOCAL_RANK", None)
-    command = [sys.executable, "-m", "fedlightning.cli", *QUIET, *overrides, "trainer=ddp", f"hydra.run.dir={folder}"]
+    command = [sys.executable, "-m", "fedlightning.cli", *QUIET, *overrides, *launch, f"hydra.run.dir={folder}"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((folder / "summary.json").read_text())
@@ -76,8 +76,11 @@ def test_two_processes_reproduce_one_process_bits_and_accuracy(
         assert torch.allclose(a[name].float(), b[name].float(), rtol=1e-5, atol=1e-6), name
 
 
-def test_only_the_first_process_writes_results(tmp_path: Path) -> None:
-    run_two_processes(["rounds=1"], tmp_path / "two")
+def test_plain_ddp_strategy_counts_each_message_once_and_first_process_writes(tmp_path: Path) -> None:
+    # The strategy set by hand, not through trainer=ddp: the engine still shards the cohort.
+    summary = run_two_processes(["rounds=1"], tmp_path / "two", launch=("trainer.devices=2", "+trainer.strategy=ddp"))
+    assert summary["processes"] == 2
+    assert summary["comm/uplink_bits_total"] == 10 * 32 * 4810  # 10 clients x float32 digits_mlp, counted once
     rows = records(tmp_path / "two")
     assert len(rows) == 2 * 10  # one downlink and one uplink row per client, not one set per process
     assert len({(r["client"], r["direction"]) for r in rows}) == 20
