@@ -225,33 +225,22 @@ def test_the_fedprox_example_of_docs_engine_md_trains_and_shrinks_the_step() -> 
     fedprox = namespace["FedProx"]
     dm = _dm(num_clients=3)
 
-    def step(mu: float) -> Tensor:
-        torch.manual_seed(0)
-        module = fedprox(
-            mu=mu,
-            model=LogisticRegression(in_features=64, num_classes=10),
-            datamodule=dm,
-            client_optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
-            local_steps=20,
-            batch_size=32,
-        )
-        w0 = flat_parameters(module.model)
-        _fit(module, [FullParticipation()])
-        return flat_parameters(module.model) - w0
-
-    plain, proximal = step(0.0), step(1.0)  # lr * mu < 2 keeps the proximal pull stable
-    assert torch.allclose(plain, _fedavg_step(dm), atol=1e-6)  # mu = 0 is FedAvg
+    plain = _one_round_step(fedprox, dm, mu=0.0)
+    proximal = _one_round_step(fedprox, dm, mu=1.0)  # lr * mu < 2 keeps the proximal pull stable
+    assert torch.allclose(plain, _one_round_step(FedAvg, dm), atol=1e-6)  # mu = 0 is FedAvg
     assert float(proximal.norm()) < 0.8 * float(plain.norm())  # the proximal term holds clients back
 
 
-def _fedavg_step(dm: DigitsDataModule) -> Tensor:
+def _one_round_step(method: Any, dm: DigitsDataModule, **kwargs: Any) -> Tensor:
+    """The global model's change after one round of ``method`` (20 local SGD steps, lr 0.5)."""
     torch.manual_seed(0)
-    module = FedAvg(
+    module = method(
         model=LogisticRegression(in_features=64, num_classes=10),
         datamodule=dm,
         client_optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
         local_steps=20,
         batch_size=32,
+        **kwargs,
     )
     w0 = flat_parameters(module.model)
     _fit(module, [FullParticipation()])
