@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.callbacks.bits_accuracy import BitsVsAccuracy
 from fedlightning.errors import ConfigError, FedLightningError
+from fedlightning.federated.channel import IncompatiblePayloadError
 from fedlightning.federated.rng import SERVER, stream_seed
 from fedlightning.models import build_model
 
@@ -262,11 +263,9 @@ def attach_compressor(callback: Any, module: Any, group: str) -> None:
         return
     try:
         attach(module)
-    except ConfigError as exc:
-        channel = callback.channel(module)
-        fitting = compatible_compressors(group, channel.compressed_payload)
-        hint = f"{group} configs that fit: {', '.join(fitting)}" if fitting else f"no {group} config fits it"
-        raise ConfigError(f"{exc} ({hint}).") from None
+    except IncompatiblePayloadError as exc:
+        fitting = compatible_compressors(group, callback.channel(module).compressed_payload)
+        raise ConfigError(exc.sentence(fitting=fitting)) from None
 
 
 def compatible_compressors(group: str, payload: Any) -> list[str]:

@@ -40,7 +40,14 @@ if TYPE_CHECKING:
     from fedlightning.compression.operators import Compressor
     from fedlightning.federated.state import ClientStateStore
 
-__all__ = ["Channel", "ChannelMetadata", "DownlinkChannel", "ReplicaCodec", "incompatible_payload"]
+__all__ = [
+    "Channel",
+    "ChannelMetadata",
+    "DownlinkChannel",
+    "IncompatiblePayloadError",
+    "ReplicaCodec",
+    "incompatible_payload",
+]
 
 Direction = Literal["uplink", "downlink"]
 MEMORY_KEY = "ef_memory"
@@ -70,15 +77,36 @@ class ChannelMetadata:
     dim: int
 
 
+class IncompatiblePayloadError(ConfigError):
+    """An operator was put on a payload it does not accept (see :func:`incompatible_payload`)."""
+
+    def __init__(
+        self, *, method: str, direction: Direction, payload: Payload, compressor: str, accepts: frozenset[Payload]
+    ) -> None:
+        self.method, self.direction, self.payload = method, direction, payload
+        self.compressor, self.accepts = compressor, accepts
+        super().__init__(self.sentence(fitting=None))
+
+    def sentence(self, *, fitting: list[str] | None) -> str:
+        """The refusal, ending with the configs that fit (``None``: not known here)."""
+        group = "compressor" if self.direction == "uplink" else "downlink"
+        takes = " and ".join(sorted(f"{p}s" for p in self.accepts)) or "nothing"
+        if fitting:
+            hint = f"use {group}=none (the method's own codec) or one of {group}={','.join(fitting)}"
+        else:
+            hint = f"use {group}=none (the method's own codec)"
+        return (
+            f"{self.method}'s {self.direction} payload ({self.payload}) is not one the {self.direction} compressor "
+            f"{self.compressor} compresses (it takes {takes}); {hint}."
+        )
+
+
 def incompatible_payload(
     *, method: str, direction: Direction, payload: Payload, compressor: str, accepts: frozenset[Payload]
-) -> ConfigError:
+) -> IncompatiblePayloadError:
     """The one-sentence refusal of an operator on a payload it does not understand."""
-    what = ", ".join(sorted(str(p) for p in accepts)) or "nothing"
-    return ConfigError(
-        f"{method}'s {direction} carries a {payload}, but the {direction} compressor {compressor} only "
-        f"compresses {what}; use {'compressor' if direction == 'uplink' else 'downlink'}=none (the method's own "
-        "codec) or a compressor for that payload."
+    return IncompatiblePayloadError(
+        method=method, direction=direction, payload=payload, compressor=compressor, accepts=accepts
     )
 
 
