@@ -245,3 +245,37 @@ def _one_round_step(method: Any, dm: DigitsDataModule, **kwargs: Any) -> Tensor:
     w0 = flat_parameters(module.model)
     _fit(module, [FullParticipation()])
     return flat_parameters(module.model) - w0
+
+
+class _OwnMessages(FedAvg):
+    """FedAvg whose clients each receive their own message, a copy of the broadcast (so the round is FedAvg's)."""
+
+    per_client_downlink = True
+
+    def client_downlink(self, *, client_id: int, round_idx: int, broadcast: Tensor) -> Tensor:
+        return broadcast.clone()
+
+
+def test_per_client_downlinks_are_each_counted_and_refuse_a_broadcast_compressor(tmp_path: Path) -> None:
+    from fedlightning.callbacks.compression import DownlinkCompression
+    from fedlightning.compression import NaturalCompression
+
+    dm = _dm(num_clients=3)
+    torch.manual_seed(0)
+    module = _OwnMessages(
+        model=LogisticRegression(in_features=64, num_classes=10),
+        datamodule=dm,
+        client_optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        local_steps=1,
+        batch_size=10_000,
+    )
+    accountant = CommunicationAccountant(records_path=tmp_path / "records.csv")
+    _fit(module, [FullParticipation(), accountant])
+    reference = _fedavg(dm)
+    _fit(reference, [FullParticipation()])
+    assert torch.allclose(flat_parameters(module.model), flat_parameters(reference.model), atol=1e-6)
+    with (tmp_path / "records.csv").open() as handle:
+        down = [r for r in csv.DictReader(handle) if r["direction"] == "down"]
+    assert sorted(int(r["client"]) for r in down) == [0, 1, 2] and {int(r["bits"]) for r in down} == {32 * 650}
+    with pytest.raises(ConfigError, match=r"its own message.*use downlink=none"):
+        DownlinkCompression(NaturalCompression()).attach(module)

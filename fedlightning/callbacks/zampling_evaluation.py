@@ -106,17 +106,7 @@ class ZamplingEvaluation(L.Callback):
     ) -> None:
         self._stash(batch)
 
-    @override
-    def on_test_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._stash(batch)
+    on_test_batch_end = on_validation_batch_end  # the same stash of the split's batches
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

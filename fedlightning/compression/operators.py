@@ -82,10 +82,6 @@ class Compressor:
         """The thesis's bit count for a message of dimension ``d`` (``None`` if data-dependent)."""
         return None
 
-    def metadata(self, d: int) -> dict[str, float | bool | str | None]:
-        """Name, unbiasedness, ω and δ in dimension ``d`` (what step-size rules read)."""
-        return {"name": self.name, "unbiased": self.unbiased, "omega": self.omega(d), "delta": self.delta(d)}
-
     # ------------------------------------------------------------------ stream interface
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
         """Append the code of ``C(x)`` for flat float32 CPU ``x``; return declared header bits."""

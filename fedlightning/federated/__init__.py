@@ -1,4 +1,4 @@
-"""The federated engine: rounds, cohorts, client state, random streams, aggregation maths.
+"""The federated engine: rounds, cohorts, channels, aggregators, client state, random streams.
 
 Names are imported lazily so that low-level modules (``message``, ``rng``) can be used by
 codecs without importing the round engine (which itself uses the codecs).
@@ -6,12 +6,15 @@ codecs without importing the round engine (which itself uses the codecs).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fedlightning._lazy import lazy_getattr
 
 _EXPORTS = {
     "ClientResult": "module",
-    "ClientUpload": "module",
+    "LocalTraining": "module",
+    "Aggregator": "aggregators",
+    "WeightedMean": "aggregators",
+    "Channel": "channel",
+    "Payload": "payloads",
     "FederatedModule": "module",
     "ClientSampler": "hooks",
     "FederatedCallback": "hooks",
@@ -23,8 +26,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"fedlightning.federated.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'fedlightning.federated' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -66,7 +66,6 @@ class Aggregator:
     def __init__(self) -> None:
         self.sums = torch.zeros(0, dtype=torch.float64)
         self.count = 0
-        self._reduced = False
 
     def accumulate(self, decoded: Tensor, *, weight: float) -> None:
         """Fold one decoded upload in with coefficient ``weight``."""
@@ -81,7 +80,6 @@ class Aggregator:
         """Sum the state across processes (``reduce`` is an all-reduce with op sum)."""
         packed = reduce(self.packed())
         self.sums, self.count = packed[:-1].clone(), round(float(packed[-1]))
-        self._reduced = True
 
     @property
     def empty(self) -> bool:

@@ -46,7 +46,6 @@ __all__ = [
     "DownlinkChannel",
     "IncompatiblePayloadError",
     "ReplicaCodec",
-    "incompatible_payload",
 ]
 
 Direction = Literal["uplink", "downlink"]
@@ -78,7 +77,7 @@ class ChannelMetadata:
 
 
 class IncompatiblePayloadError(ConfigError):
-    """An operator was put on a payload it does not accept (see :func:`incompatible_payload`)."""
+    """An operator was put on a payload it does not accept; the message is one sentence."""
 
     def __init__(
         self, *, method: str, direction: Direction, payload: Payload, compressor: str, accepts: frozenset[Payload]
@@ -101,15 +100,6 @@ class IncompatiblePayloadError(ConfigError):
         )
 
 
-def incompatible_payload(
-    *, method: str, direction: Direction, payload: Payload, compressor: str, accepts: frozenset[Payload]
-) -> IncompatiblePayloadError:
-    """The one-sentence refusal of an operator on a payload it does not understand."""
-    return IncompatiblePayloadError(
-        method=method, direction=direction, payload=payload, compressor=compressor, accepts=accepts
-    )
-
-
 class Channel:
     """One direction of a method's communication (see the module docstring).
 
@@ -130,6 +120,7 @@ class Channel:
         self.granularity: Literal["layer", "model"] = "layer"
         self._block_sizes: list[int] = []
         self._operators: dict[int, Compressor] = {}
+        self.per_client = False  # a downlink whose clients each get their own message
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -161,12 +152,17 @@ class Channel:
             )
         if granularity not in ("layer", "model"):
             raise ConfigError(f"compressor granularity must be 'layer' or 'model' (got {granularity!r}).")
+        if self.per_client:
+            raise ConfigError(
+                f"{self.method} sends each client its own message, which a downlink compressor (one replica of a "
+                "broadcast) cannot serve; use downlink=none."
+            )
         if error_feedback and self.direction == "downlink":
             raise ConfigError(
                 "The downlink replica already re-sends the compression error; downlink error feedback does not exist."
             )
         if self.compressed_payload not in compressor.accepts:
-            raise incompatible_payload(
+            raise IncompatiblePayloadError(
                 method=self.method,
                 direction=self.direction,
                 payload=self.payload,
@@ -240,8 +236,9 @@ class ReplicaCodec:
 class DownlinkChannel(Channel):
     """The broadcast channel: a model payload is compressed as a delta against the clients' replica."""
 
-    def __init__(self, *, payload: Payload, codec: Codec, method: str) -> None:
+    def __init__(self, *, payload: Payload, codec: Codec, method: str, per_client: bool = False) -> None:
         super().__init__(direction="downlink", payload=payload, codec=codec, method=method)
+        self.per_client = per_client
 
     @property
     def compressed_payload(self) -> Payload:

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchmetrics import MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.regression import R2Score
@@ -169,6 +169,8 @@ class FederatedModule(L.LightningModule):
     """What clients upload."""
     downlink_payload: ClassVar[Payload] = Payload.MODEL
     """What the server broadcasts."""
+    per_client_downlink: ClassVar[bool] = False
+    """True: each client receives its own message (:meth:`client_downlink`), not the broadcast."""
     sets_server_state: ClassVar[bool] = False
     """True: :meth:`set_server_state` computes the new state (no server optimiser)."""
     client_weighting: ClassVar[Literal["samples", "uniform"]] = "samples"
@@ -232,7 +234,9 @@ class FederatedModule(L.LightningModule):
         self.uplink_channel = Channel(
             direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name
         )
-        self.downlink_channel = DownlinkChannel(payload=self.downlink_payload, codec=Float32Codec(), method=name)
+        self.downlink_channel = DownlinkChannel(
+            payload=self.downlink_payload, codec=Float32Codec(), method=name, per_client=self.per_client_downlink
+        )
         self.task = getattr(datamodule, "task", "classification")
         if self.task == "classification":
             self.loss_fn: nn.Module = nn.CrossEntropyLoss()
@@ -319,9 +323,9 @@ class FederatedModule(L.LightningModule):
         """The flat tensor the server broadcasts to the cohort (default: global weights)."""
         return flat_parameters(self.model)
 
-    def client_downlink(self, *, client_id: int, round_idx: int, broadcast: Tensor) -> Tensor | None:
-        """A message of this client's own instead of the shared broadcast (default: ``None``, the broadcast)."""
-        return None
+    def client_downlink(self, *, client_id: int, round_idx: int, broadcast: Tensor) -> Tensor:
+        """This client's own message, for methods with ``per_client_downlink`` (e.g. a sub-model)."""
+        raise NotImplementedError(f"{type(self).__name__} sets per_client_downlink but not client_downlink.")
 
     def make_aggregator(self, round_idx: int) -> Aggregator:
         """Fresh sums for one round (default: the weighted mean of :attr:`uplink_numel`-vectors)."""
@@ -513,13 +517,8 @@ class FederatedModule(L.LightningModule):
     def _client_downlink(self, rnd: _Round, client_id: int, state: Tensor, broadcast: Message) -> Tensor:
         """Phase *downlink*, per client: the message this client receives, observed and decoded."""
         message = broadcast
-        own = self.client_downlink(client_id=client_id, round_idx=rnd.round_idx, broadcast=state)
-        if own is not None:
-            if self.downlink_channel.compressor is not None:
-                raise ConfigError(
-                    f"{type(self).__name__} sends each client its own message, which a downlink compressor "
-                    "(a broadcast replica) cannot serve; use downlink=none."
-                )
+        if self.per_client_downlink:
+            own = self.client_downlink(client_id=client_id, round_idx=rnd.round_idx, broadcast=state)
             message = self.downlink_channel.codec.encode(own)
         for cb in rnd.callbacks:
             cb.on_client_downlink(self.trainer, self, rnd.round_idx, client_id, message)
@@ -621,6 +620,16 @@ class FederatedModule(L.LightningModule):
         self.client_model.to(self.device)
         if self.trainer.val_check_interval and self.trainer.check_val_every_n_epoch is not None:
             rank_zero_warn("Set trainer.check_val_every_n_epoch=null so that evaluation counts rounds.")
+
+    def on_train_start(self) -> None:
+        # A distributed sampler would hand each process a part of the rounds and pad the
+        # held-out sets with repeats; the engine shards the cohort itself.
+        loader = self.trainer.train_dataloader
+        if self.world_size > 1 and isinstance(getattr(loader, "sampler", None), DistributedSampler):
+            raise ConfigError(
+                "Several processes need Trainer(use_distributed_sampler=False) "
+                "(trainer.use_distributed_sampler=false): the engine shards each round's cohort itself."
+            )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)

@@ -13,8 +13,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fedlightning._lazy import lazy_getattr
 
 _EXPORTS = {
     "DCSGD": "dcsgd",
@@ -31,9 +30,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    # Imported on first use, so that using one method does not import every method family.
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"fedlightning.methods.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'fedlightning.methods' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)  # using one method family imports only that one
