@@ -41,6 +41,21 @@ FIXED_LENGTH = {
     "scaled_sign": 2 * 32 + PARAMS,
 }  # layer-wise: two tensors
 DIANA_FAMILY = {"diana", "vr_diana"}
+N_ZAMPLING = PARAMS // 32  # method.compression = 32
+# Without a compressor: the method's own codec and, where it is fixed-length, its bits per upload.
+OWN_CODEC: dict[str, tuple[str, int | None]] = {
+    **{
+        m: ("float32", 32 * PARAMS)
+        for m in ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "dcsgd", "diana", "vr_diana", "fedavg_prune")
+    },
+    "zampling": ("bitpack", N_ZAMPLING),  # one bit per trainable coordinate
+    "local_zampling": ("float32", 32 * N_ZAMPLING),  # p itself
+    "continuous_zampling": ("float32", 32 * N_ZAMPLING),
+    "supermask": ("float32", 32 * PARAMS),  # n = m
+    "fedpm": ("bitpack", PARAMS),
+    "eflops": ("eflops_gates", None),  # index-coded support: data-dependent
+    "fediht": ("sparse[float32]", None),
+}
 
 
 def _uplink_rows(folder: Path) -> list[dict[str, str]]:
@@ -79,7 +94,10 @@ def test_pair_trains_with_its_payloads_bits_or_is_refused_in_one_sentence(
     rows = _uplink_rows(tmp_path)
     assert rows and summary["comm/uplink_bits_total"] == sum(int(r["bits"]) for r in rows)
     if operator is None:  # the method's own codec wrote every upload
-        assert all(not r["codec"].endswith("/layerwise") for r in rows)
+        codec, bits = OWN_CODEC[method]
+        assert {r["codec"] for r in rows} == {codec}
+        if bits is not None:
+            assert {int(r["bits"]) for r in rows} == {bits}
         return
     assert all(r["codec"].startswith(operator.name) for r in rows), {r["codec"] for r in rows}
     if compressor in FIXED_LENGTH:
