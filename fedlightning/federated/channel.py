@@ -201,20 +201,29 @@ class Channel:
 
     # ------------------------------------------------------------------ the wire
     def encode(self, x: Tensor, *, client_id: int, generator: torch.Generator, state: ClientStateStore) -> Message:
-        """The message that carries ``x`` from ``client_id`` (the sender) in this direction.
+        """The message that carries ``x`` from ``client_id`` (the sender) in this direction."""
+        return self.send(x, client_id=client_id, generator=generator, state=state)[0]
+
+    def send(
+        self, x: Tensor, *, client_id: int, generator: torch.Generator, state: ClientStateStore
+    ) -> tuple[Message, Tensor]:
+        """The message that carries ``x`` and the tensor the receiver decodes from it (decoded once).
 
         ``generator`` is the sender's compression stream; ``state`` holds error-feedback memory.
         """
         if self.compressor is None:
-            return self.codec.encode(x)
+            message = self.codec.encode(x)
+            return message, message.decode()
         op = self.operator(x.numel())
         if not self.error_feedback:
-            return op.compress(x, generator)
+            message = op.compress(x, generator)
+            return message, message.decode()
         memory = state.get(client_id, MEMORY_KEY)
         corrected = x if memory is None else memory.to(x.device) + x
         message = op.compress(corrected, generator)
-        state.set(client_id, MEMORY_KEY, corrected - message.decode().to(x.device, x.dtype))
-        return message
+        decoded = message.decode()
+        state.set(client_id, MEMORY_KEY, corrected - decoded.to(x.device, x.dtype))
+        return message, decoded
 
 
 class ReplicaCodec:
@@ -245,11 +254,12 @@ class DownlinkChannel(Channel):
         """A model broadcast reaches the operator as the delta x − x̂; other payloads as they are."""
         return Payload.MODEL_DELTA if self.payload is Payload.MODEL else self.payload
 
-    def encode(
+    def send(
         self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator, state: ClientStateStore
-    ) -> Message:
+    ) -> tuple[Message, Tensor]:
         if self.compressor is None:
-            return self.codec.encode(x)
+            message = self.codec.encode(x)
+            return message, message.decode()
         op = self.operator(x.numel())
         replica = state.get(SERVER, REPLICA_KEY)
         if replica is None or replica.numel() != x.numel():
@@ -263,5 +273,6 @@ class DownlinkChannel(Channel):
             shape=inner.shape,
             header_bits=inner.header_bits,
         )
-        state.set(SERVER, REPLICA_KEY, message.decode().to(x.device))
-        return message
+        decoded = message.decode()  # the new replica, on both sides (stored as its own copy)
+        state.set(SERVER, REPLICA_KEY, decoded.to(x.device, copy=True))
+        return message, decoded

@@ -505,13 +505,13 @@ class FederatedModule(L.LightningModule):
     def _broadcast(self, rnd: _Round) -> tuple[Tensor, Message]:
         """Phase *downlink*, shared part: the broadcast state, encoded once by the downlink channel."""
         state = self.broadcast_state(rnd.round_idx)
-        message = self.downlink_channel.encode(
+        message, decoded = self.downlink_channel.send(
             state,
             client_id=SERVER,
             generator=self.generator(rnd.round_idx, SERVER, "compress_downlink"),
             state=self.client_state,
         )
-        rnd.received_broadcast = message.decode().to(self.device)
+        rnd.received_broadcast = decoded.to(self.device)
         return state, message
 
     def _client_downlink(self, rnd: _Round, client_id: int, state: Tensor, broadcast: Message) -> Tensor:
@@ -570,7 +570,7 @@ class FederatedModule(L.LightningModule):
             for cb in rnd.callbacks:
                 cb.on_upload_dropped(trainer, self, rnd.round_idx, client_id)
             return
-        message = self.uplink_channel.encode(
+        message, decoded = self.uplink_channel.send(
             result.upload,
             client_id=client_id,
             generator=self.generator(rnd.round_idx, client_id, "compress"),
@@ -578,7 +578,7 @@ class FederatedModule(L.LightningModule):
         )
         for cb in rnd.callbacks:
             cb.on_client_upload(trainer, self, rnd.round_idx, client_id, message)
-        decoded = message.decode().to(self.device)
+        decoded = decoded.to(self.device)
         self.on_upload_decoded(client_id=client_id, round_idx=rnd.round_idx, decoded=decoded)
         weight = self.upload_weight(
             client_id=client_id, num_samples=result.num_samples, inclusion_probability=inclusion_probability
