@@ -230,6 +230,7 @@ class FederatedModule(L.LightningModule):
         self.max_grad_norm = max_grad_norm
         self.aggregation: Estimator = aggregation
         self._sample_total: int | None = None
+        self._round_cohort: Cohort | None = None
         self.client_state = ClientStateStore()
         self.uplink_channel = Channel(
             direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name
@@ -305,6 +306,13 @@ class FederatedModule(L.LightningModule):
         """This process's index among :attr:`world_size`."""
         trainer = self.attached_trainer
         return int(trainer.global_rank) if trainer is not None else 0
+
+    @property
+    def round_cohort(self) -> Cohort:
+        """The cohort of the round in progress (for methods whose local work depends on it)."""
+        if self._round_cohort is None:
+            raise RuntimeError("No round is in progress: the cohort is known only inside training_step.")
+        return self._round_cohort
 
     def holds_client(self, client_id: int) -> bool:
         """Whether this process trains ``client_id`` (client i lives on process i mod world size)."""
@@ -498,6 +506,7 @@ class FederatedModule(L.LightningModule):
             rnd.cohort = sampler.select_cohort(self.trainer, self, rnd.round_idx)
             rnd.choose_later = sampler.chooses_uploaders
         rnd.sampler = sampler
+        self._round_cohort = rnd.cohort
         rnd.probability = dict(zip(rnd.cohort.client_ids, rnd.cohort.inclusion_probabilities.tolist(), strict=True))
         for cb in rnd.callbacks:
             cb.on_cohort_selected(self.trainer, self, rnd.cohort)
