@@ -21,7 +21,7 @@ from fedlightning.datamodules import DigitsDataModule, IIDPartition
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import WeightedMean, participation_weights
 from fedlightning.federated.cohort import Cohort
-from fedlightning.federated.hooks import ClientSampler, FederatedCallback
+from fedlightning.federated.hooks import ClientSampler, FederatedCallback, UploadChoice
 from fedlightning.federated.module import FederatedModule
 from fedlightning.federated.params import flat_parameters
 from fedlightning.methods import FedAvg
@@ -127,12 +127,13 @@ class _LargestUpdateUploads(ClientSampler):
     def select_cohort(self, trainer: Any, module: Any, round_idx: int) -> Cohort:
         return Cohort.full(round_idx=round_idx, num_clients=module.num_clients)
 
-    def choose_uploaders(self, trainer: Any, module: Any, cohort: Cohort, update_norms: Tensor) -> Cohort:
+    def choose_uploaders(self, trainer: Any, module: Any, cohort: Cohort, update_norms: Tensor) -> UploadChoice:
         self.norms = update_norms.clone()
         best = int(update_norms.argmax())
-        return Cohort(
+        chosen = Cohort(
             round_idx=cohort.round_idx, client_ids=(cohort.client_ids[best],), inclusion_probabilities=torch.ones(1)
         )
+        return UploadChoice(uploaders=chosen)
 
 
 def test_a_sampler_chooses_uploaders_from_every_clients_update_norm(tmp_path: Path) -> None:

@@ -19,14 +19,16 @@ import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
-from fedlightning.federated.hooks import FederatedCallback
+from fedlightning.federated.hooks import Direction, FederatedCallback
 from fedlightning.federated.message import Message
 from fedlightning.federated.module import FederatedModule
 
 UP, DOWN = 0, 1
-# Round counters: uplink bits, downlink bits, uplink messages, downlink messages,
-# and the dense float32 bits the same messages would have cost.
-_UP_BITS, _DOWN_BITS, _UP_MSGS, _DOWN_MSGS, _UP_DENSE, _DOWN_DENSE = range(6)
+# Round counters: uplink bits, downlink bits, uplink messages, downlink messages, the dense
+# float32 bits the same messages would have cost, and the bits of control messages (already
+# included in the uplink/downlink bits: e.g. the update norms of optimal client sampling).
+_UP_BITS, _DOWN_BITS, _UP_MSGS, _DOWN_MSGS, _UP_DENSE, _DOWN_DENSE, _UP_CONTROL, _DOWN_CONTROL = range(8)
+_COUNTERS = 8
 
 
 def compression_factor(dense_bits: int, actual_bits: int) -> float:
@@ -44,17 +46,20 @@ class CommunicationAccountant(FederatedCallback):
     """Counts every bit that crosses the wire and logs the ``comm/*`` metrics.
 
     Args:
-        records_path: if set, a CSV file receiving one row per message
-            (round, client, direction, bits, codec); appended to on resume.
+        records_path: if set, a CSV file receiving one row per message (round, client,
+            direction, bits, codec, kind, probability); appended to on resume. ``kind`` is
+            ``payload`` or ``control`` (the messages of an uploader choice, such as update
+            norms); ``probability`` is the probability that the message is sent at all (the
+            client's inclusion probability, for an upload the probability of uploading).
     """
 
     def __init__(self, *, records_path: str | Path | None = None) -> None:
         self.records_path = Path(records_path) if records_path is not None else None
-        self.totals = torch.zeros(6, dtype=torch.int64)
+        self.totals = torch.zeros(_COUNTERS, dtype=torch.int64)
         self.per_client = torch.zeros((0, 2), dtype=torch.int64)
-        self._round = torch.zeros(6, dtype=torch.int64)
+        self._round = torch.zeros(_COUNTERS, dtype=torch.int64)
         self._round_per_client = torch.zeros((0, 2), dtype=torch.int64)
-        self._rows: list[tuple[int, int, str, int, str]] = []
+        self._rows: list[tuple[int, int, str, int, str, str, float]] = []
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -79,7 +84,7 @@ class CommunicationAccountant(FederatedCallback):
         self._round[_DOWN_DENSE] += module.dense_message_bits
         self._round_per_client[client_id, DOWN] += message.num_bits
         if self.records_path is not None:
-            self._rows.append((round_idx, client_id, "down", message.num_bits, message.codec.name))
+            self._rows.append(self._row(module, round_idx, client_id, "down", message, "payload"))
 
     @override
     def on_client_upload(
@@ -90,7 +95,31 @@ class CommunicationAccountant(FederatedCallback):
         self._round[_UP_DENSE] += module.dense_message_bits
         self._round_per_client[client_id, UP] += message.num_bits
         if self.records_path is not None:
-            self._rows.append((round_idx, client_id, "up", message.num_bits, message.codec.name))
+            self._rows.append(self._row(module, round_idx, client_id, "up", message, "payload"))
+
+    @override
+    def on_control_message(
+        self,
+        trainer: L.Trainer,
+        module: FederatedModule,
+        round_idx: int,
+        client_id: int,
+        direction: Direction,
+        message: Message,
+    ) -> None:
+        up = direction == "up"
+        self._round[_UP_BITS if up else _DOWN_BITS] += message.num_bits
+        self._round[_UP_CONTROL if up else _DOWN_CONTROL] += message.num_bits
+        self._round_per_client[client_id, UP if up else DOWN] += message.num_bits
+        if self.records_path is not None:
+            self._rows.append(self._row(module, round_idx, client_id, direction, message, "control"))
+
+    @staticmethod
+    def _row(
+        module: FederatedModule, round_idx: int, client_id: int, direction: str, message: Message, kind: str
+    ) -> tuple[int, int, str, int, str, str, float]:
+        probability = module.inclusion_probability(client_id)
+        return (round_idx, client_id, direction, message.num_bits, message.codec.name, kind, probability)
 
     @override
     def on_round_end(
@@ -112,11 +141,14 @@ class CommunicationAccountant(FederatedCallback):
             "comm/downlink_bits": round_counts[_DOWN_BITS],
             **self._cumulative(),
         }
+        if self.totals[_UP_CONTROL] or self.totals[_DOWN_CONTROL]:
+            exact["comm/uplink_control_bits_total"] = self.totals[_UP_CONTROL]
+            exact["comm/downlink_control_bits_total"] = self.totals[_DOWN_CONTROL]
         for name, value in exact.items():
             module.log(name, _f64(value), on_step=True, on_epoch=False, prog_bar=name == "comm/bits_total")
         uploads = int(round_counts[_UP_MSGS])
         if uploads:
-            per_param = int(round_counts[_UP_BITS]) / (uploads * module.uplink_numel)
+            per_param = int(round_counts[_UP_BITS] - round_counts[_UP_CONTROL]) / (uploads * module.uplink_numel)
             module.log("comm/uplink_bits_per_param", per_param, on_step=True, on_epoch=False)
         module.log("comm/uplink_compression", self.uplink_compression, on_step=True, on_epoch=False)
         module.log("comm/downlink_compression", self.downlink_compression, on_step=True, on_epoch=False)
@@ -142,7 +174,7 @@ class CommunicationAccountant(FederatedCallback):
         with self.records_path.open("a", newline="") as handle:
             writer = csv.writer(handle)
             if new_file:
-                writer.writerow(["round", "client", "direction", "bits", "codec"])
+                writer.writerow(["round", "client", "direction", "bits", "codec", "kind", "probability"])
             writer.writerows(self._rows)
         self._rows.clear()
 
@@ -168,6 +200,8 @@ class CommunicationAccountant(FederatedCallback):
             "comm/uplink_messages": uploads,
             "comm/downlink_messages": int(self.totals[_DOWN_MSGS]),
             "comm/uplink_bits_per_client_round": up / uploads if uploads else 0.0,
+            "comm/uplink_control_bits_total": int(self.totals[_UP_CONTROL]),
+            "comm/downlink_control_bits_total": int(self.totals[_DOWN_CONTROL]),
             "comm/uplink_compression": self.uplink_compression,
             "comm/downlink_compression": self.downlink_compression,
         }
@@ -178,7 +212,9 @@ class CommunicationAccountant(FederatedCallback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.totals = state_dict["totals"].to(torch.int64)
+        totals = state_dict["totals"].to(torch.int64)
+        self.totals = torch.zeros(_COUNTERS, dtype=torch.int64)
+        self.totals[: totals.numel()] = totals  # checkpoints written before the control counters
         self.per_client = state_dict["per_client"].to(torch.int64)
 
 

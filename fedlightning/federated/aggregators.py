@@ -109,13 +109,25 @@ class WeightedMean(Aggregator):
         self.normalise = normalise
         self.sums = torch.zeros(self.dim + 1, dtype=torch.float64, device=device)
 
-    def accumulate(self, decoded: Tensor, *, weight: float) -> None:
+    def accumulate(self, decoded: Tensor, *, weight: float, mass: float | None = None) -> None:
+        """Add ``weight`` × ``decoded`` to the sum and ``mass`` (default ``weight``) to the total weight."""
         flat = decoded.reshape(-1)
         if flat.numel() != self.dim:
             raise ValueError(f"An upload of {flat.numel()} entries reached an aggregator of dimension {self.dim}.")
         self.sums[: self.dim].add_(flat.to(self.sums), alpha=float(weight))
-        self.sums[self.dim] += float(weight)
+        self.sums[self.dim] += float(weight if mass is None else mass)
         self.count += 1
+
+    def add_mass(self, mass: float) -> None:
+        """Count a client in the total weight without an upload (it computed but was not chosen).
+
+        >>> agg = WeightedMean(dim=1, normalise=True)
+        >>> agg.accumulate(torch.tensor([3.0]), weight=2.0, mass=1.0)  # chosen with probability 1/2
+        >>> agg.add_mass(1.0)  # a client of the same weight that was not chosen
+        >>> agg.result().tolist()
+        [3.0]
+        """
+        self.sums[self.dim] += float(mass)
 
     @property
     def total_weight(self) -> float:

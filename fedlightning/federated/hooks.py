@@ -13,7 +13,9 @@ runs every phase; the per-client hooks fire on the process that holds the client
    broadcast shared by the cohort, or the client's own message).
 3. **local work** on each client (no hook: the method's ``client_update``).
 4. **choose** (optional): a sampler whose ``chooses_uploaders`` is true picks the uploaders
-   from every cohort member's update norm (``choose_uploaders``), e.g. optimal client sampling.
+   from every cohort member's update norm (``choose_uploaders``), e.g. optimal client sampling;
+   the control messages of that protocol (norms, sums, probabilities) are observed per client
+   with ``on_control_message(trainer, module, round_idx, client_id, direction, message)``.
 5. **uplink**: for each uploader, ``drops_upload(trainer, module, round_idx, client_id)``; if any
    callback says true the upload is lost (``on_upload_dropped``), otherwise the uplink channel
    encodes it and ``on_client_upload(trainer, module, round_idx, client_id, message)`` sees it.
@@ -27,7 +29,8 @@ Observation hooks must not change the messages they see.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 from torch import Tensor
@@ -38,6 +41,26 @@ from fedlightning.federated.message import Message
 if TYPE_CHECKING:
     from fedlightning.federated.aggregators import Aggregator
     from fedlightning.federated.module import FederatedModule
+
+
+Direction = Literal["up", "down"]
+
+
+@dataclass(frozen=True)
+class UploadChoice:
+    """Which cohort members upload, and what choosing them cost.
+
+    Attributes:
+        uploaders: the chosen clients with q_i = P(client uploads | it is in the cohort); the
+            engine divides by the product of q_i and the cohort's inclusion probability.
+        uplink_control: per cohort member, the values it sent to let the server choose
+            (e.g. its weighted update norm), as a float tensor; counted as uplink bits.
+        downlink_control: per cohort member, the values the server sent back (e.g. p_i).
+    """
+
+    uploaders: Cohort
+    uplink_control: dict[int, Tensor] = field(default_factory=dict)
+    downlink_control: dict[int, Tensor] = field(default_factory=dict)
 
 
 class FederatedCallback(L.Callback):
@@ -53,6 +76,17 @@ class FederatedCallback(L.Callback):
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
     ) -> None:
         """Client ``client_id`` receives ``message`` from the server."""
+
+    def on_control_message(
+        self,
+        trainer: L.Trainer,
+        module: FederatedModule,
+        round_idx: int,
+        client_id: int,
+        direction: Direction,
+        message: Message,
+    ) -> None:
+        """A control message of the uploader choice crossed the wire (``"up"``: from the client)."""
 
     def drops_upload(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int) -> bool:
         """Return true to lose this client's upload (a failure; nothing is sent or counted)."""
@@ -91,10 +125,13 @@ class ClientSampler(FederatedCallback):
 
     def choose_uploaders(
         self, trainer: L.Trainer, module: FederatedModule, cohort: Cohort, update_norms: Tensor
-    ) -> Cohort:
+    ) -> UploadChoice:
         """The clients of ``cohort`` that upload, given ‖update‖₂ of each cohort member (in cohort order).
 
-        The returned cohort's inclusion probabilities are the probabilities of *uploading*
-        (the product of being drawn and being chosen), which the unbiased estimator divides by.
+        Every process passes the same norms and must return the same choice (draw from
+        ``module.generator(round_idx, SERVER, purpose)``). With ``aggregation=normalised`` the
+        round's estimate is Σ_{chosen} (w_i/q_i) Δ_i / Σ_{cohort} w_i, unbiased for the
+        cohort's own weighted mean; with ``aggregation=unbiased`` it is
+        Σ_{chosen} w_i/(p_i q_i) Δ_i over the federation's shares w_i.
         """
-        return cohort
+        return UploadChoice(uploaders=cohort)

@@ -54,7 +54,7 @@ from fedlightning.federated.aggregators import ESTIMATORS, Aggregator, Estimator
 from fedlightning.federated.batches import local_batches
 from fedlightning.federated.channel import Channel, DownlinkChannel
 from fedlightning.federated.cohort import Cohort
-from fedlightning.federated.hooks import ClientSampler, FederatedCallback
+from fedlightning.federated.hooks import ClientSampler, FederatedCallback, UploadChoice
 from fedlightning.federated.message import Message
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters, set_flat_grad_
 from fedlightning.federated.payloads import Payload
@@ -231,6 +231,7 @@ class FederatedModule(L.LightningModule):
         self.aggregation: Estimator = aggregation
         self._sample_total: int | None = None
         self._round_cohort: Cohort | None = None
+        self._phase_probability: dict[int, float] = {}
         self.client_state = ClientStateStore()
         self.uplink_channel = Channel(
             direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name
@@ -314,6 +315,14 @@ class FederatedModule(L.LightningModule):
             raise RuntimeError("No round is in progress: the cohort is known only inside training_step.")
         return self._round_cohort
 
+    def inclusion_probability(self, client_id: int) -> float:
+        """P(``client_id`` takes part in the current phase of this round).
+
+        Its probability of being drawn into the cohort, until its upload, where it becomes the
+        probability of uploading (drawn and, under a choosing sampler, chosen).
+        """
+        return self._phase_probability[client_id]
+
     def holds_client(self, client_id: int) -> bool:
         """Whether this process trains ``client_id`` (client i lives on process i mod world size)."""
         return client_id % self.world_size == self.process_rank
@@ -339,11 +348,31 @@ class FederatedModule(L.LightningModule):
         """Fresh sums for one round (default: the weighted mean of :attr:`uplink_numel`-vectors)."""
         return WeightedMean(dim=self.uplink_numel, normalise=self.aggregation == "normalised", device=self.device)
 
+    def client_share(self, *, client_id: int, num_samples: int) -> float:
+        """w_i, the client's weight in the full-participation objective: n_i / n, or 1 / N."""
+        if self.client_weighting == "uniform":
+            return 1.0 / self.num_clients
+        return num_samples / self._total_samples()
+
     def upload_weight(self, *, client_id: int, num_samples: int, inclusion_probability: float) -> float:
         """The coefficient of one upload: the client's share w_i, divided by p_i when unbiased."""
-        uniform = self.client_weighting == "uniform"
-        share = 1.0 / self.num_clients if uniform else num_samples / self._total_samples()
+        share = self.client_share(client_id=client_id, num_samples=num_samples)
         return share / inclusion_probability if self.aggregation == "unbiased" else share
+
+    @property
+    def accepts_upload_choice(self) -> bool:
+        """Whether a sampler may choose the uploaders after local work (optimal client sampling).
+
+        The estimate Σ_{chosen} (w_i/q_i) Δ_i needs a server step that is linear in the uploads
+        (the default weighted-mean aggregator, no per-client server bookkeeping) and defined
+        for inverse-probability weights.
+        """
+        cls = type(self)
+        return (
+            "unbiased" in self.supported_aggregation
+            and cls.make_aggregator is FederatedModule.make_aggregator
+            and cls.on_upload_decoded is FederatedModule.on_upload_decoded
+        )
 
     def on_upload_decoded(self, *, client_id: int, round_idx: int, decoded: Tensor) -> None:
         """Server-side bookkeeping of one decoded upload, on the process that holds the client."""
@@ -508,6 +537,7 @@ class FederatedModule(L.LightningModule):
         rnd.sampler = sampler
         self._round_cohort = rnd.cohort
         rnd.probability = dict(zip(rnd.cohort.client_ids, rnd.cohort.inclusion_probabilities.tolist(), strict=True))
+        self._phase_probability = dict(rnd.probability)
         for cb in rnd.callbacks:
             cb.on_cohort_selected(self.trainer, self, rnd.cohort)
 
@@ -534,17 +564,31 @@ class FederatedModule(L.LightningModule):
         return rnd.received_broadcast if message is broadcast else message.decode().to(self.device)
 
     def _choose_and_upload(self, rnd: _Round, buffered: list[tuple[int, ClientResult]]) -> None:
-        """Phase *choose*: the sampler sees every cohort member's ‖update‖₂, then the chosen upload."""
+        """Phase *choose*: the sampler sees every cohort member's ‖update‖₂, then the chosen upload.
+
+        The choice protocol's control messages are observed per client. With the normalised
+        estimator every member that computed counts in the total weight, chosen or not.
+        """
         assert rnd.sampler is not None
         norms = torch.zeros(len(rnd.cohort), dtype=torch.float64)
         position = {cid: k for k, cid in enumerate(rnd.cohort.client_ids)}
         for client_id, result in buffered:
             norms[position[client_id]] = float(result.upload.double().norm())
-        uploaders = rnd.sampler.choose_uploaders(self.trainer, self, rnd.cohort, self.reduce_sum(norms))
-        chosen = dict(zip(uploaders.client_ids, uploaders.inclusion_probabilities.tolist(), strict=True))
+        choice: UploadChoice = rnd.sampler.choose_uploaders(self.trainer, self, rnd.cohort, self.reduce_sum(norms))
+        control = Float32Codec()
+        for client_id, _ in buffered:
+            for direction, sent in (("up", choice.uplink_control), ("down", choice.downlink_control)):
+                if client_id in sent:
+                    message = control.encode(sent[client_id])
+                    for cb in rnd.callbacks:
+                        cb.on_control_message(self.trainer, self, rnd.round_idx, client_id, direction, message)
+        chosen = dict(zip(choice.uploaders.client_ids, choice.uploaders.inclusion_probabilities.tolist(), strict=True))
         for client_id, result in buffered:
             if client_id in chosen:
-                self._upload(rnd, client_id, result, chosen[client_id])
+                self._upload(rnd, client_id, result, rnd.probability[client_id], choice_probability=chosen[client_id])
+            elif self.aggregation == "normalised":
+                assert isinstance(rnd.aggregator, WeightedMean)
+                rnd.aggregator.add_mass(self.client_share(client_id=client_id, num_samples=result.num_samples))
 
     def _server_step(self, rnd: _Round) -> None:
         """Phase *apply*: set the server state, or step the server optimiser on −Δ."""
@@ -572,8 +616,20 @@ class FederatedModule(L.LightningModule):
         for cb in rnd.callbacks:
             cb.on_round_end(self.trainer, self, rnd.round_idx, metrics)
 
-    def _upload(self, rnd: _Round, client_id: int, result: ClientResult, inclusion_probability: float) -> None:
-        """Phases *uplink* and *accumulate* for one client: drop, or encode, decode and fold in."""
+    def _upload(
+        self,
+        rnd: _Round,
+        client_id: int,
+        result: ClientResult,
+        inclusion_probability: float,
+        *,
+        choice_probability: float | None = None,
+    ) -> None:
+        """Phases *uplink* and *accumulate* for one client: drop, or encode, decode and fold in.
+
+        ``choice_probability`` is q_i of a client chosen after local work (see
+        :meth:`_choose_and_upload`); the upload's coefficient is then divided by it.
+        """
         trainer = self.trainer
         if any(cb.drops_upload(trainer, self, rnd.round_idx, client_id) for cb in rnd.callbacks):
             for cb in rnd.callbacks:
@@ -585,14 +641,23 @@ class FederatedModule(L.LightningModule):
             generator=self.generator(rnd.round_idx, client_id, "compress"),
             state=self.client_state,
         )
+        q = 1.0 if choice_probability is None else choice_probability
+        self._phase_probability[client_id] = inclusion_probability * q
         for cb in rnd.callbacks:
             cb.on_client_upload(trainer, self, rnd.round_idx, client_id, message)
         decoded = decoded.to(self.device)
         self.on_upload_decoded(client_id=client_id, round_idx=rnd.round_idx, decoded=decoded)
         weight = self.upload_weight(
-            client_id=client_id, num_samples=result.num_samples, inclusion_probability=inclusion_probability
+            client_id=client_id, num_samples=result.num_samples, inclusion_probability=inclusion_probability * q
         )
-        rnd.aggregator.accumulate(decoded, weight=weight)
+        if choice_probability is None:
+            rnd.aggregator.accumulate(decoded, weight=weight)
+        else:
+            assert isinstance(rnd.aggregator, WeightedMean)
+            if self.aggregation == "normalised":  # w_i/q_i over the cohort's total weight
+                rnd.aggregator.accumulate(decoded, weight=weight / q, mass=weight)
+            else:  # w_i/(p_i q_i): upload_weight divided by the product; no normaliser
+                rnd.aggregator.accumulate(decoded, weight=weight)
         for k, name in enumerate(self.client_metric_names):
             rnd.stats[2 + k] += float(result.metrics[name])
 
@@ -626,6 +691,13 @@ class FederatedModule(L.LightningModule):
         return self.datamodule.test_dataloader()
 
     def on_fit_start(self) -> None:
+        sampler = self.client_sampler()
+        if sampler is not None and sampler.chooses_uploaders and not self.accepts_upload_choice:
+            raise ConfigError(
+                f"{type(sampler).__name__} chooses uploaders after local work, which {type(self).__name__} "
+                "cannot aggregate (its server step is not a weighted mean of the uploads); "
+                "use sampler=uniform, sampler=independent or sampler=importance."
+            )
         self.client_model.to(self.device)
         if self.trainer.val_check_interval and self.trainer.check_val_every_n_epoch is not None:
             rank_zero_warn("Set trainer.check_val_every_n_epoch=null so that evaluation counts rounds.")
