@@ -27,6 +27,7 @@ CASES = {
     "fedavg": ["rounds=2"],
     "fedadam_uniform": ["rounds=2", "method=fedadam", "sampler=uniform", "clients_per_round=5"],
     "top_k_error_feedback": ["rounds=2", "compressor=top_k_ef", "sampler=uniform", "clients_per_round=6"],
+    "fedavg_ocs": ["rounds=2", "sampler=ocs", "clients_per_round=3"],
     "diana": ["+experiment=diana_digits_quick", "rounds=3", "eval_every=3", "compressor=natural_dithering"],
     "federated_zampling": [
         "rounds=2",
@@ -51,7 +52,9 @@ def run_two_processes(overrides: list[str], folder: Path, launch: tuple[str, ...
 
 def records(folder: Path) -> list[dict[str, str]]:
     with (folder / "comm_records.csv").open() as handle:
-        return sorted(csv.DictReader(handle), key=lambda r: (int(r["round"]), int(r["client"]), r["direction"]))
+        return sorted(
+            csv.DictReader(handle), key=lambda r: (int(r["round"]), int(r["client"]), r["direction"], r["kind"])
+        )
 
 
 def final_state(folder: Path) -> dict[str, torch.Tensor]:
