@@ -316,3 +316,17 @@ def test_cohort_helpers_are_deterministic_per_round() -> None:
     first = sampler.select_cohort(None, fed, 5)  # type: ignore[arg-type]
     again = sampler.select_cohort(None, fed, 5)  # type: ignore[arg-type]
     assert isinstance(first, Cohort) and first.client_ids == again.client_ids
+
+
+def test_ocs_uploads_go_through_the_uplink_compressor_and_norms_are_counted_apart(
+    make_config: Callable[..., DictConfig], tmp_path: Path
+) -> None:
+    cfg = make_config(["sampler=ocs", "clients_per_round=3", "rounds=2", "compressor=natural", "model=digits_logreg"])
+    summary = run(cfg, tmp_path)
+    rows = _records(tmp_path / "comm_records.csv")
+    payload = [r for r in rows if r["kind"] == "payload" and r["direction"] == "up"]
+    control = [r for r in rows if r["kind"] == "control" and r["direction"] == "up"]
+    assert payload and {int(r["bits"]) for r in payload} == {9 * 650}  # C_nat: 9 bits per entry
+    assert len(control) == 2 * 10 and {int(r["bits"]) for r in control} == {32}  # every client, every round
+    assert all(0 < float(r["probability"]) <= 1 for r in payload)
+    assert summary["comm/uplink_bits_total"] == 9 * 650 * len(payload) + 32 * len(control)
