@@ -261,3 +261,11 @@ def test_a_layer_wise_uplink_compressor_sees_each_layers_part_of_a_slice() -> No
     assert isinstance(operator, Blockwise)
     k = od_width(0.2, 64)
     assert operator.sizes == [k * 64, k, 10 * k, 10]  # the kept parts of W1, b1, W2, b2
+
+
+def test_a_downlink_compressor_is_refused_because_each_client_gets_its_own_slice() -> None:
+    from fedlightning.callbacks.compression import DownlinkCompression
+    from fedlightning.compression import NaturalCompression
+
+    with pytest.raises(ConfigError, match=r"its own message.*use downlink=none"):
+        DownlinkCompression(NaturalCompression()).attach(_module(_dm()))
