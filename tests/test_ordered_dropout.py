@@ -203,3 +203,11 @@ def test_models_without_ordered_dropout_support_are_refused_in_one_sentence(name
     with pytest.raises(ConfigError) as caught:
         od_architecture(model)
     assert "\n" not in str(caught.value) and str(caught.value).endswith(".")
+
+
+def test_table_7_2_shakespeare_parameters_of_a_thesis_sized_char_lstm() -> None:
+    """Embedding 8 (not dropped) + 2 × LSTM(128) + linear over 90 characters: Table 7.2's RNN row within 5 %."""
+    model = build_model("char_lstm", input_shape=(80,), num_classes=90, hidden=128)
+    od = OrderedDropout(model)
+    for p, params in zip(WIDTHS, [12e3, 40e3, 82e3, 142e3, 214e3], strict=True):
+        assert abs(od.parameters_at(p) - params) <= 0.05 * params, (p, od.parameters_at(p))
