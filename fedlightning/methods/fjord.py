@@ -198,7 +198,7 @@ class SliceChannel(Channel):
 
     def __init__(self, *, fixed_slices: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.slice_blocks: dict[int, list[int]] = {}
+        self.slice_blocks: dict[int, list[int] | None] = {}  # None: two slices of one length, different layers
         self.fixed_slices = fixed_slices
 
     @override
@@ -208,23 +208,29 @@ class SliceChannel(Channel):
                 f"{self.method} clients send a different random sub-model every round, which the error-feedback "
                 f"memory of {compressor.name} cannot follow; set compressor.error_feedback=false."
             )
+        if kwargs.get("granularity", "layer") == "layer" and None in self.slice_blocks.values():
+            raise ConfigError(self._ambiguous(compressor.name))
         super().attach(compressor, error_feedback=error_feedback, **kwargs)
+
+    def _ambiguous(self, name: str) -> str:
+        return (
+            f"Two sub-models of {self.method} have the same length but different layer shapes, so the layer-wise "
+            f"compressor {name} cannot tell their layers apart; use compressor.granularity=model."
+        )
 
     def register_slice(self, sizes: list[int]) -> None:
         """The parameter-block sizes of a slice (its length is their sum)."""
         numel = sum(sizes)
-        known = self.slice_blocks.setdefault(numel, sizes)
-        if known != sizes:
-            raise ConfigError(
-                f"Two sub-models of {numel} parameters have different layer shapes, so a layer-wise uplink "
-                "compressor cannot tell them apart; use compressor.granularity=model."
-            )
+        if self.slice_blocks.setdefault(numel, sizes) != sizes:
+            self.slice_blocks[numel] = None
 
     def operator(self, numel: int) -> Any:
         from fedlightning.compression.operators import Blockwise
 
         if self.compressor is not None and self.granularity == "layer" and numel in self.slice_blocks:
             sizes = self.slice_blocks[numel]
+            if sizes is None:
+                raise ConfigError(self._ambiguous(self.compressor.name))
             if numel not in self._operators:
                 self._operators[numel] = Blockwise(self.compressor, sizes) if len(sizes) > 1 else self.compressor
             return self._operators[numel]
