@@ -12,10 +12,13 @@ the LSTM kernel is not seen by the MAC counter).
 
 from __future__ import annotations
 
+from typing import Any
+
 from fedlightning.models.ordered_dropout import OrderedDropout, ordered_units, sub_model_macs
 from fedlightning.models.presets import build_model
 
 WIDTHS = (0.2, 0.4, 0.6, 0.8, 1.0)
+LSTM_128: dict[str, Any] = {"hidden": 128}
 THESIS = {
     "CIFAR10/ResNet18": (["23M", "91M", "203M", "360M", "555M"], ["456K", "2M", "4M", "7M", "11M"]),
     "FEMNIST/CNN": (["47K", "120K", "218K", "342K", "491K"], ["5K", "10K", "15K", "20K", "26K"]),
@@ -34,7 +37,7 @@ def main() -> None:
     cases = [
         ("CIFAR10/ResNet18", build_model("resnet18_gn", input_shape=(3, 32, 32), num_classes=10), (3, 32, 32)),
         ("FEMNIST/CNN", build_model("fedavg_cnn", input_shape=(1, 28, 28), num_classes=62), (1, 28, 28)),
-        ("Shakespeare/RNN", build_model("char_lstm", input_shape=(80,), num_classes=90, hidden=128), None),
+        ("Shakespeare/RNN", build_model("char_lstm", input_shape=(80,), num_classes=90, **LSTM_128), None),
     ]
     print("| model | quantity | source | " + " | ".join(f"p = {p}" for p in WIDTHS) + " |")
     print("|---|---|---|" + "---|" * len(WIDTHS))
