@@ -39,6 +39,12 @@ CASES = {
     ],
 }
 
+# Slow: sub-model methods (per-client slices, slice-wise sums, random eFD sub-models per client).
+SLOW_CASES = {
+    "fjord": ["rounds=2", "method=fjord", "model=digits_mlp", "sampler=uniform", "clients_per_round=6"],
+    "efd": ["rounds=2", "method=efd", "method.width=0.8", "model=digits_mlp", "sampler=uniform", "clients_per_round=6"],
+}
+
 
 def run_two_processes(overrides: list[str], folder: Path, launch: tuple[str, ...] = ("trainer=ddp",)) -> dict[str, Any]:
     """``fedlightning <overrides> trainer=ddp`` (2 processes) with its run folder at ``folder``."""
@@ -61,11 +67,13 @@ def final_state(folder: Path) -> dict[str, torch.Tensor]:
     return torch.load(folder / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(
+    "case", [*sorted(CASES), *(pytest.param(c, marks=pytest.mark.slow) for c in sorted(SLOW_CASES))]
+)
 def test_two_processes_reproduce_one_process_bits_and_accuracy(
     case: str, make_config: Callable[..., DictConfig], tmp_path: Path
 ) -> None:
-    overrides = CASES[case]
+    overrides = {**CASES, **SLOW_CASES}[case]
     one = run(make_config(overrides), tmp_path / "one")
     two = run_two_processes(overrides, tmp_path / "two")
     assert two["processes"] == 2 and one["processes"] == 1

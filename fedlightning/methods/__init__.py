@@ -8,6 +8,8 @@
 ``Supermask``, ``FedPM``  (arXiv 2503.14246), Zhou et al. 2019, Isik et al. 2023
 ``EFLoPS``, ``FedIHT``,   E-FLoPS and its baselines (Fed-IHT, FedAvg + magnitude
 ``FedAvgPrune``           pruning)
+``FjORD``                 FjORD's ordered dropout over device tiers (arXiv 2102.13451)
+                          and its eFD baseline, ``ExtendedFederatedDropout``
 ========================  ============================================================
 """
 
@@ -23,7 +25,9 @@ _EXPORTS = {
     "FedAvg": "fedavg",
     "FedAvgPrune": "fedavg_prune",
     "FedIHT": "fediht",
+    "ExtendedFederatedDropout": "fjord",
     "FedPM": "fedpm",
+    "FjORD": "fjord",
     "Supermask": "supermask",
     "Zampling": "zampling",
 }
