@@ -1,13 +1,15 @@
 """Client-sampling runs side by side: accuracy, uplink bits (control included) and bits to a target accuracy.
 
 Reads finished run folders (each with ``summary.json`` and ``csv/metrics.csv``) and prints a
-Markdown table with one row per run, labelled by its sampler and seed::
+Markdown table with one row per run::
 
     python benchmarks/client_sampling.py RUN_DIR [RUN_DIR ...] --target 0.95 --reference full
 
-``--reference`` names the sampler whose uplink total the other rows are divided by (the
-"fewer bits than full participation" factor). Bits to target is the cumulative uplink at the
-first evaluation whose ``val/acc`` reaches ``--target`` (``—`` if it never does).
+Each row is labelled ``<experiment> <sampler>`` (from the run's overrides); ``--reference`` is
+a label (or the end of one, e.g. ``full`` or ``ocs_femnist_full uniform``) whose mean uplink
+total the other rows are compared with (the "fewer bits than full participation" factor).
+Bits to target is the cumulative uplink at the first evaluation whose ``val/acc`` reaches
+``--target`` (``—`` if it never does).
 """
 
 from __future__ import annotations
@@ -48,8 +50,10 @@ def bits_to_target(points: list[tuple[float, float, float]], target: float) -> f
 
 def describe(folder: Path, target: float) -> dict[str, Any]:
     summary = json.loads((folder / "summary.json").read_text())
+    experiments = [o.split("=", 1)[1] for o in summary.get("overrides", []) if o.startswith("+experiment=")]
     return {
         "folder": folder.name,
+        "label": " ".join([*experiments, summary["sampler"]]),
         "sampler": summary["sampler"],
         "seed": summary["seed"],
         "test/acc": summary["test/acc"],
@@ -62,10 +66,10 @@ def describe(folder: Path, target: float) -> dict[str, Any]:
 
 
 def table(runs: list[dict[str, Any]], *, target: float, reference: str) -> str:
-    ref = [r["uplink"] for r in runs if r["sampler"] == reference]
+    ref = [r["uplink"] for r in runs if r["label"] == reference or r["label"].endswith(" " + reference)]
     ref_bits = statistics.fmean(ref) if ref else math.nan
     lines = [
-        f"| run | sampler | seed | test acc | uplink bits | of which control | uploads | full ÷ this | "
+        f"| run | arm | seed | test acc | uplink bits | of which control | uploads | full ÷ this | "
         f"mean α | uplink bits to val acc {target:g} |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -73,7 +77,7 @@ def table(runs: list[dict[str, Any]], *, target: float, reference: str) -> str:
         alpha = "—" if math.isnan(r["alpha"]) else f"{r['alpha']:.3f}"
         to_target = "—" if math.isinf(r["to_target"]) else f"{r['to_target']:.3g}"
         lines.append(
-            f"| {r['folder']} | {r['sampler']} | {r['seed']} | {r['test/acc']:.4f} | {r['uplink']:.4g} | "
+            f"| {r['folder']} | {r['label']} | {r['seed']} | {r['test/acc']:.4f} | {r['uplink']:.4g} | "
             f"{r['control']:.3g} | {r['uploads']} | {ref_bits / r['uplink']:.2f}× | {alpha} | {to_target} |"
         )
     return "\n".join(lines)

@@ -330,3 +330,16 @@ def test_ocs_uploads_go_through_the_uplink_compressor_and_norms_are_counted_apar
     assert len(control) == 2 * 10 and {int(r["bits"]) for r in control} == {32}  # every client, every round
     assert all(0 < float(r["probability"]) <= 1 for r in payload)
     assert summary["comm/uplink_bits_total"] == 9 * 650 * len(payload) + 32 * len(control)
+
+
+@pytest.mark.slow
+def test_ocs_on_mnist_matches_full_participation_within_a_point_with_four_times_fewer_uplink_bits(
+    make_config: Callable[..., DictConfig], shared_data_root: Path, tmp_path: Path
+) -> None:
+    # 100 clients with Dirichlet(0.1) label skew, 10 expected uploaders, 50 rounds (about 20 minutes).
+    base = ["+experiment=ocs_mnist", f"data.root={shared_data_root}"]
+    full = run(make_config([*base, "sampler=full"]), tmp_path / "full")
+    ocs = run(make_config([*base, "sampler=ocs"]), tmp_path / "ocs")
+    assert ocs["test/acc"] >= full["test/acc"] - 0.01
+    assert ocs["comm/uplink_bits_total"] * 4 <= full["comm/uplink_bits_total"]  # norms included
+    assert ocs["comm/uplink_control_bits_total"] == 32 * 100 * 50
