@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -46,6 +47,15 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 def make_config() -> Callable[..., DictConfig]:
     """Compose the real config from overrides: ``make_config(["rounds=2"])``."""
     return compose_config
+
+
+def digits_federation(num_clients: int) -> Any:
+    """The bundled digits split IID over ``num_clients`` clients, set up (seed 0)."""
+    from fedlightning.datamodules import DigitsDataModule, IIDPartition
+
+    dm = DigitsDataModule(num_clients=num_clients, partition=IIDPartition(), seed=0)
+    dm.setup("fit")
+    return dm
 
 
 def round_trainer(rounds: int, callbacks: list[object], **kwargs: object) -> L.Trainer:

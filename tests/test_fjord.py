@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from fedlightning.callbacks.accounting import CommunicationAccountant
-from fedlightning.datamodules import DigitsDataModule, IIDPartition
+from fedlightning.datamodules import DigitsDataModule
 from fedlightning.errors import ConfigError
 from fedlightning.federated.params import flat_parameters
 from fedlightning.methods.fjord import (
@@ -28,15 +28,9 @@ from fedlightning.models.ordered_dropout import od_index_set, od_width, ordered_
 from fedlightning.models.presets import build_model
 from fedlightning.run import run
 from fedlightning.sampling import FullParticipation
-from tests.conftest import round_trainer
+from tests.conftest import digits_federation, round_trainer
 
 WIDTHS = [0.2, 0.4, 0.6, 0.8, 1.0]
-
-
-def _dm(num_clients: int = 10) -> DigitsDataModule:
-    dm = DigitsDataModule(num_clients=num_clients, partition=IIDPartition(), seed=0)
-    dm.setup("fit")
-    return dm
 
 
 def _module(dm: DigitsDataModule, method: type[FjORD] = FjORD, **kwargs: Any) -> FjORD:
@@ -69,7 +63,7 @@ def test_tiers_are_exact_counts_and_a_pure_function_of_the_seed() -> None:
     assert tiers == assign_tiers(100, tier_fractions(5, 0.5), torch.Generator().manual_seed(3))
     assert tiers != assign_tiers(100, tier_fractions(5, 0.5), torch.Generator().manual_seed(4))
     assert [assign_tiers(7, [0.2] * 5, torch.Generator().manual_seed(0)).count(t) for t in range(5)] == [1, 1, 1, 2, 2]
-    dm = _dm()
+    dm = digits_federation(10)
     assert _module(dm).client_tier == _module(dm).client_tier  # every process and every resume builds the same
 
 
@@ -89,7 +83,7 @@ def test_slice_weighted_mean_averages_each_coordinate_over_the_uploads_that_hold
 
 
 def test_every_client_sends_and_receives_exactly_its_slice_in_float32(tmp_path: Path) -> None:
-    dm = _dm()
+    dm = digits_federation(10)
     module = _module(dm)
     accountant = CommunicationAccountant(records_path=tmp_path / "records.csv")
     round_trainer(2, [FullParticipation(), accountant]).fit(module)
@@ -104,7 +98,7 @@ def test_every_client_sends_and_receives_exactly_its_slice_in_float32(tmp_path: 
 
 
 def test_coordinates_outside_every_uploaders_slice_keep_their_value() -> None:
-    dm = _dm(num_clients=4)
+    dm = digits_federation(4)
     module = _module(dm, tiers=[0.4])  # every client can run F_0.4 at most
     before = flat_parameters(module.model)
     round_trainer(1, [FullParticipation()]).fit(module)
@@ -117,7 +111,7 @@ def test_coordinates_outside_every_uploaders_slice_keep_their_value() -> None:
 
 
 def test_the_round_is_the_slice_wise_weighted_mean_of_the_clients_trained_slices() -> None:
-    dm = _dm(num_clients=3)
+    dm = digits_federation(3)
     module = _module(dm, tiers=[0.2, 0.6, 1.0], widths=[0.2, 0.6, 1.0])
     w0 = flat_parameters(module.model)
     results = {}
@@ -137,7 +131,7 @@ def test_the_round_is_the_slice_wise_weighted_mean_of_the_clients_trained_slices
 
 
 def test_local_widths_are_uniform_over_those_the_client_can_run() -> None:
-    dm = _dm()
+    dm = digits_federation(10)
     module = _module(dm)
     client = module.client_tier.index(2)  # a p_max = 0.6 client
     assert module.candidates(client) == [0.2, 0.4, 0.6] and module.teacher_width(client) == 0.6
@@ -155,7 +149,7 @@ def test_local_widths_are_uniform_over_those_the_client_can_run() -> None:
 
 
 def test_self_distillation_loss_is_the_teachers_ce_plus_kl_to_the_detached_teacher() -> None:
-    dm = _dm()
+    dm = digits_federation(10)
     module = _module(dm)
     client = module.client_tier.index(4)  # p_max = 1: teacher F_1
     model = module.client_model
@@ -185,7 +179,7 @@ def test_self_distillation_loss_is_the_teachers_ce_plus_kl_to_the_detached_teach
 )
 def test_settings_that_cannot_work_are_refused_in_one_sentence(overrides: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match) as caught:
-        _module(_dm(), **overrides)
+        _module(digits_federation(10), **overrides)
     assert "\n" not in str(caught.value) and str(caught.value).endswith(".")
 
 
@@ -196,7 +190,7 @@ def test_a_model_without_ordered_dropout_is_refused(make_config: Callable[..., D
 
 
 def test_adaptive_dropout_lets_a_tier_sample_the_next_width_with_random_units() -> None:
-    dm = _dm()
+    dm = digits_federation(10)
     module = _module(dm, adaptive_dropout=0.25)
     tier_06, tier_04 = module.client_tier.index(2), module.client_tier.index(1)
     assert module.candidates(tier_06) == [0.2, 0.4, 0.6, 0.8]  # 0.6 / 0.75 = 0.8
@@ -213,7 +207,7 @@ def test_adaptive_dropout_lets_a_tier_sample_the_next_width_with_random_units() 
 
 
 def test_efd_clients_below_the_width_send_and_receive_a_random_sub_model_of_their_size(tmp_path: Path) -> None:
-    dm = _dm()
+    dm = digits_federation(10)
     module = _module(dm, method=ExtendedFederatedDropout, width=0.8)
     accountant = CommunicationAccountant(records_path=tmp_path / "records.csv")
     round_trainer(2, [FullParticipation(), accountant]).fit(module)
@@ -254,7 +248,7 @@ def test_a_layer_wise_uplink_compressor_sees_each_layers_part_of_a_slice() -> No
     from fedlightning.compression import NaturalCompression
     from fedlightning.compression.operators import Blockwise
 
-    module = _module(_dm())
+    module = _module(digits_federation(10))
     UplinkCompression(NaturalCompression()).attach(module)
     n = int(od_index_set(module.model, 0.2).numel())
     operator = module.uplink_channel.operator(n)
@@ -268,4 +262,4 @@ def test_a_downlink_compressor_is_refused_because_each_client_gets_its_own_slice
     from fedlightning.compression import NaturalCompression
 
     with pytest.raises(ConfigError, match=r"its own message.*use downlink=none"):
-        DownlinkCompression(NaturalCompression()).attach(_module(_dm()))
+        DownlinkCompression(NaturalCompression()).attach(_module(digits_federation(10)))

@@ -17,7 +17,7 @@ from torch import Tensor
 
 import fedlightning.methods as methods
 from fedlightning.callbacks.accounting import CommunicationAccountant
-from fedlightning.datamodules import DigitsDataModule, IIDPartition
+from fedlightning.datamodules import DigitsDataModule
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import WeightedMean, participation_weights
 from fedlightning.federated.cohort import Cohort
@@ -28,7 +28,7 @@ from fedlightning.methods import FedAvg
 from fedlightning.models import LogisticRegression
 from fedlightning.run import run
 from fedlightning.sampling import FullParticipation, UniformSampler
-from tests.conftest import round_trainer
+from tests.conftest import digits_federation, round_trainer
 
 
 def test_expected_weights_of_two_of_three_clients_drawn_uniformly() -> None:
@@ -54,12 +54,6 @@ def test_weighted_mean_sums_do_not_grow_with_the_number_of_uploads() -> None:
     assert torch.equal(agg.result(), torch.full((5,), 49.5))
 
 
-def _dm(num_clients: int = 4) -> DigitsDataModule:
-    dm = DigitsDataModule(num_clients=num_clients, partition=IIDPartition(), seed=0)
-    dm.setup("fit")
-    return dm
-
-
 def _fedavg(dm: DigitsDataModule, method: type[FedAvg] = FedAvg, **kwargs: Any) -> FedAvg:
     """One full-batch SGD step per client (lr 0.1) on logistic regression: rounds with a closed form."""
     torch.manual_seed(0)
@@ -78,7 +72,7 @@ def _fit(module: FederatedModule, callbacks: list[Any], rounds: int = 1) -> None
 
 
 def test_upload_weight_is_the_share_divided_by_the_inclusion_probability_when_unbiased() -> None:
-    dm = _dm()
+    dm = digits_federation(4)
     sizes = dm.client_sizes
     unbiased = _fedavg(dm, aggregation="unbiased")
     normalised = _fedavg(dm)
@@ -92,7 +86,7 @@ def test_upload_weight_is_the_share_divided_by_the_inclusion_probability_when_un
 
 
 def test_unbiased_round_applies_the_sum_of_share_over_probability_times_delta() -> None:
-    dm = _dm(num_clients=4)
+    dm = digits_federation(4)
     plain = _fedavg(dm, aggregation="normalised")
     unbiased = _fedavg(dm, aggregation="unbiased")
     w0 = flat_parameters(plain.model)
@@ -137,7 +131,7 @@ class _LargestUpdateUploads(ClientSampler):
 
 
 def test_a_sampler_chooses_uploaders_from_every_clients_update_norm(tmp_path: Path) -> None:
-    dm = _dm()
+    dm = digits_federation(4)
     module = _fedavg(dm)
     sampler = _LargestUpdateUploads()
     accountant = CommunicationAccountant(records_path=tmp_path / "records.csv")
@@ -162,7 +156,7 @@ class _LoseClient(FederatedCallback):
 
 
 def test_a_lost_upload_is_neither_counted_nor_aggregated() -> None:
-    dm = _dm(num_clients=3)
+    dm = digits_federation(3)
     lost, reference = _fedavg(dm), _fedavg(dm)
     loser = _LoseClient(0)
     accountant = CommunicationAccountant()
@@ -186,7 +180,7 @@ def test_a_method_that_sets_its_state_refuses_a_server_optimiser() -> None:
     with pytest.raises(ConfigError, match=r"remove method\.server_optimizer"):
         _SetsState(
             model=LogisticRegression(in_features=64, num_classes=10),
-            datamodule=_dm(),
+            datamodule=digits_federation(4),
             server_optimizer=lambda p: torch.optim.SGD(p, lr=1.0),
         )
 
@@ -210,7 +204,7 @@ def test_a_round_whose_every_upload_is_lost_leaves_the_server_state_unchanged() 
         def drops_upload(self, trainer: Any, module: Any, round_idx: int, client_id: int) -> bool:
             return round_idx == 1
 
-    dm = _dm(num_clients=3)
+    dm = digits_federation(3)
     module = _fedavg(dm, server_optimizer=lambda p: torch.optim.SGD(p, lr=1.0, momentum=0.9))
     _fit(module, [FullParticipation()], rounds=1)
     after_one = flat_parameters(module.model)
@@ -225,7 +219,7 @@ def test_the_fedprox_example_of_docs_engine_md_trains_and_shrinks_the_step() -> 
     namespace: dict[str, Any] = {}
     exec(compile(code, "docs/engine.md", "exec"), namespace)
     fedprox = namespace["FedProx"]
-    dm = _dm(num_clients=3)
+    dm = digits_federation(3)
 
     plain = _one_round_step(fedprox, dm, mu=0.0)
     proximal = _one_round_step(fedprox, dm, mu=1.0)  # lr * mu < 2 keeps the proximal pull stable
@@ -262,7 +256,7 @@ def test_per_client_downlinks_are_each_counted_and_refuse_a_broadcast_compressor
     from fedlightning.callbacks.compression import DownlinkCompression
     from fedlightning.compression import NaturalCompression
 
-    dm = _dm(num_clients=3)
+    dm = digits_federation(3)
     module = _fedavg(dm, method=_OwnMessages)
     accountant = CommunicationAccountant(records_path=tmp_path / "records.csv")
     _fit(module, [FullParticipation(), accountant])

@@ -6,7 +6,6 @@ import csv
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -14,14 +13,11 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from fedlightning.callbacks.accounting import CommunicationAccountant
-from fedlightning.datamodules import DigitsDataModule, IIDPartition
 from fedlightning.errors import ConfigError
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.hooks import ClientSampler
 from fedlightning.federated.params import flat_parameters
 from fedlightning.federated.rng import torch_generator
-from fedlightning.methods import FedAvg
-from fedlightning.models import LogisticRegression
 from fedlightning.run import run
 from fedlightning.sampling import (
     ApproximateOptimalClientSampler,
@@ -38,7 +34,8 @@ from fedlightning.sampling.probabilities import (
     independent_sampling_variance,
     optimal_probabilities,
 )
-from tests.conftest import round_trainer
+from tests.conftest import digits_federation, round_trainer
+from tests.test_round_phases import _fedavg
 
 
 # ---------------------------------------------------------------------------- (6.7) by hand
@@ -236,24 +233,6 @@ def test_samplers_refuse_settings_they_cannot_honour() -> None:
 
 
 # ---------------------------------------------------------------------------- through the engine
-def _digits(num_clients: int) -> DigitsDataModule:
-    dm = DigitsDataModule(num_clients=num_clients, partition=IIDPartition(), seed=0)
-    dm.setup("fit")
-    return dm
-
-
-def _fedavg(dm: DigitsDataModule, **kwargs: Any) -> FedAvg:
-    torch.manual_seed(0)
-    return FedAvg(
-        model=LogisticRegression(in_features=64, num_classes=10),
-        datamodule=dm,
-        client_optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-        local_steps=1,
-        batch_size=10_000,
-        **kwargs,
-    )
-
-
 def _records(path: Path) -> list[dict[str, str]]:
     with path.open() as handle:
         return list(csv.DictReader(handle))
@@ -263,7 +242,7 @@ def _records(path: Path) -> list[dict[str, str]]:
 def test_fedavg_with_ocs_applies_chosen_updates_over_q_normalised_by_everyone_who_computed(
     sampler_cls: type[OptimalClientSampler], tmp_path: Path
 ) -> None:
-    dm = _digits(6)
+    dm = digits_federation(6)
     module = _fedavg(dm)
     w0 = flat_parameters(module.model).clone()
     deltas = {c: module.client_update(client_id=c, round_idx=0, received=w0).upload for c in range(6)}

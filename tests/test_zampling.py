@@ -14,7 +14,7 @@ from torch import Tensor
 from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation
 from fedlightning.compression.codecs import BitPackCodec
 from fedlightning.compression.operators import Sign
-from fedlightning.datamodules import DigitsDataModule, IIDPartition
+from fedlightning.datamodules import DigitsDataModule
 from fedlightning.errors import ConfigError
 from fedlightning.federated.hooks import FederatedCallback
 from fedlightning.federated.message import Message
@@ -49,7 +49,7 @@ from fedlightning.models.zampling import (
 )
 from fedlightning.run import run
 from fedlightning.sampling import FullParticipation, UniformSampler
-from tests.conftest import round_trainer
+from tests.conftest import digits_federation, round_trainer
 
 SMALL = MLP(in_features=784, hidden=[20, 20], num_classes=10)  # m = 16,330
 
@@ -343,12 +343,6 @@ def test_bad_configs_name_the_key(make_config, tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- on the round engine
-def _digits(num_clients: int) -> DigitsDataModule:
-    dm = DigitsDataModule(num_clients=num_clients, partition=IIDPartition(), seed=0)
-    dm.setup("fit")
-    return dm
-
-
 def _zampling(dm: DigitsDataModule, cls: type[Zampling] = Zampling, **kwargs: Any) -> Zampling:
     torch.manual_seed(0)
     options: dict[str, Any] = {"compression": 4, "local_steps": 3, "val_samples": 1, "test_samples": 1}
@@ -382,7 +376,7 @@ class _RoundRecorder(FederatedCallback):
 def test_server_p_is_exactly_the_mean_of_the_uploaded_masks() -> None:
     # 3 of 5 clients a round; the clients hold different sample counts, so a sample-weighted
     # mean would differ from the paper's plain mean 1/K sum_k z^k.
-    dm = _digits(5)
+    dm = digits_federation(5)
     assert len(set(dm.client_sizes)) > 1
     module = _zampling(dm)
     recorder = _RoundRecorder()
@@ -396,7 +390,7 @@ def test_server_p_is_exactly_the_mean_of_the_uploaded_masks() -> None:
 
 
 def test_reset_optimizer_false_restores_the_clients_adam_state() -> None:
-    dm = _digits(2)
+    dm = digits_federation(2)
     module = _zampling(dm, reset_optimizer=False)
     _fit(module, 2)
     for client_id in range(2):
@@ -434,14 +428,14 @@ class _Counting(Zampling):
 
 
 def test_local_training_runs_through_the_engines_routine() -> None:
-    dm = _digits(2)
+    dm = digits_federation(2)
     module = _zampling(dm, _Counting)
     _fit(module, 1)
     assert isinstance(module, _Counting)
     assert module.losses == module.step_ends == 2 * 3  # local_loss and on_local_step_end on every step
     # Clipping comes from local_train too: SGD(lr=1) on gradients clipped to norm 1e-3 moves
     # p by at most 3e-3 in 3 steps (one client uploading p itself).
-    dm1 = _digits(1)
+    dm1 = digits_federation(1)
     start = _zampling(dm1).p.detach().clone()
     sgd = {"client_optimizer": lambda params: torch.optim.SGD(params, lr=1.0), "upload": "probabilities"}
     clipped = _zampling(dm1, max_grad_norm=1e-3, **sgd)
@@ -453,7 +447,7 @@ def test_local_training_runs_through_the_engines_routine() -> None:
 
 
 def test_payloads_codecs_and_refusals() -> None:
-    dm = _digits(2)
+    dm = digits_federation(2)
     module = _zampling(dm)
     assert module.uplink_channel.payload is Payload.BERNOULLI_MASK
     assert module.downlink_channel.payload is Payload.PROBABILITIES
