@@ -8,6 +8,8 @@
 ``Supermask``, ``FedPM``  (arXiv 2503.14246), Zhou et al. 2019, Isik et al. 2023
 ``EFLoPS``, ``FedIHT``,   E-FLoPS and its baselines (Fed-IHT, FedAvg + magnitude
 ``FedAvgPrune``           pruning)
+``FedShuffle``            FedShuffleGen (arXiv 2204.13169; thesis ch. 8): FedShuffle,
+                          FedNova, FedAvg, FedAvgMin/Mean with heterogeneous epochs
 ========================  ============================================================
 """
 
@@ -24,6 +26,7 @@ _EXPORTS = {
     "FedAvgPrune": "fedavg_prune",
     "FedIHT": "fediht",
     "FedPM": "fedpm",
+    "FedShuffle": "fedshuffle",
     "Supermask": "supermask",
     "Zampling": "zampling",
 }
