@@ -317,6 +317,7 @@ def test_local_step_sums_refuse_an_upload_without_its_step_count() -> None:
         (["method=fednova", "method.aggregation=unbiased"], r"set method\.aggregation=normalised"),
         (["method=fedshuffle", "method.update_scaling=fednova", "method.aggregation=normalised"], r"step_size=fedavg"),
         (["method=fedavg_min", "method.step_size=fedshuffle"], r"FedAvgMin .*step_size=fedavg"),
+        (["method=fednova", "method.client_optimizer.momentum=0.9"], r"client_optimizer\.momentum=0"),
         (["method=fedshuffle", "method.local_epochs=[5,2]"], r"1 <= lo <= hi"),
         (["method=fedshuffle", "method.local_epochs=[1,2,3]"], r"integer E or a pair"),
         (["method=fedshuffle", "method.step_size=fedprox"], r"method\.step_size must be"),

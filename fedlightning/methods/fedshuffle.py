@@ -309,6 +309,11 @@ class FedShuffle(FederatedModule):
                 "local learning rate; set method.step_size=fedavg and method.update_scaling=none."
             )
         super().__init__(local_epochs=epochs.high, **kwargs)
+        if update_scaling == "fednova" and self._client_momentum() != 0.0:
+            raise ConfigError(
+                "FedNova's normaliser tau_i = K_i holds for plain local SGD, not with momentum; "
+                "set method.client_optimizer.momentum=0."
+            )
         self.epoch_distribution = epochs
         self.step_size = step_size
         self.update_scaling = update_scaling
@@ -319,6 +324,10 @@ class FedShuffle(FederatedModule):
         self._plan: tuple[int, tuple[int, ...], dict[int, LocalWork]] | None = None
         self._aggregator: LocalStepSums | None = None
         self.register_buffer("objective_weight_sums", torch.zeros(len(sizes), dtype=torch.float64))
+
+    def _client_momentum(self) -> float:
+        probe = self.client_optimizer([torch.nn.Parameter(torch.zeros(1))])
+        return float(probe.param_groups[0].get("momentum", 0.0) or 0.0)
 
     # ------------------------------------------------------------------ local work
     def client_epochs(self, *, client_id: int, round_idx: int) -> int:
