@@ -19,7 +19,7 @@ which is |D_i|² / Σ_j |D_j|² under full participation with equal epochs.
 
 With mini-batches of size B the step-size rule of the authors' code is used: client i takes
 K_i = E_i ⌈|D_i| / B⌉ steps of size η_l K_max / K_i, with K_max = max_j ⌈|D_j| / B⌉ · max E
-over the whole federation, so that every client moves η_l K_max in total.
+over the whole federation, so that every client's step sizes add up to η_l K_max.
 
 Options (``method.*``):
 
@@ -28,7 +28,7 @@ Options (``method.*``):
 * ``step_size``: ``fedshuffle`` (η_l K_max / K_i) or ``fedavg`` (η_l for every client);
 * ``update_scaling``: ``none`` or ``fednova``, the standard FedNova server step
   Δ = τ_eff Σ_i (w_i / Σ_S w) Δ_i / τ_i with τ_i = K_i and τ_eff = Σ_i (w_i / Σ_S w) τ_i over
-  the uploaders (not the variant of the FedShuffle code, whose τ_eff is a harmonic mean);
+  the uploaders (the standard form of arXiv 2007.07481);
 * ``fixed_steps``: ``null`` (epochs), ``min`` or ``mean``: FedAvgMin / FedAvgMean, every cohort
   client runs K = min / round-half-up mean of the step counts the cohort's clients would take
   with their E_i;
@@ -41,7 +41,7 @@ which would ascend.
 Each round logs ``diag/objective_weight_tv``: the total-variation distance between w and the
 objective weights ŵ realised by the rounds so far (each cohort client's first-order weight
 c_i · η_{l,i} K_i · s_i, with c_i its aggregation coefficient and s_i FedNova's rescaling,
-summed over rounds; its expectation is ŵ of (8.9)).
+summed over rounds; in expectation and to first order in the step sizes this is ŵ of (8.9)).
 """
 
 from __future__ import annotations
