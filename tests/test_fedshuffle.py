@@ -19,6 +19,8 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from fedlightning.errors import ConfigError
+from fedlightning.federated.cohort import Cohort
+from fedlightning.federated.hooks import ClientSampler
 from fedlightning.federated.params import flat_parameters
 from fedlightning.methods.fedshuffle import (
     EpochDistribution,
@@ -353,3 +355,35 @@ def test_fedshuffle_trains_on_skewed_digits_with_uniform_sampling(
     summary = run(cfg, tmp_path)
     assert summary["test/acc"] > 0.3
     assert summary["aggregation"] == "unbiased"
+
+
+class _EveryPairInTurn(ClientSampler):
+    """Cohort: the pairs of three clients in turn, so three rounds are the exact expectation over
+    uniform sampling of two clients (each client's inclusion probability is 2/3)."""
+
+    PAIRS = ((0, 1), (0, 2), (1, 2))
+
+    def select_cohort(self, trainer: Any, module: Any, round_idx: int) -> Cohort:
+        pair = self.PAIRS[round_idx % 3]
+        return Cohort(round_idx=round_idx, client_ids=pair, inclusion_probabilities=torch.full((2,), 2 / 3))
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "expected"),
+    [
+        ("normalised", torch.tensor([7 / 36, 16 / 45, 9 / 20], dtype=torch.float64)),  # the sum-one bias
+        ("unbiased", torch.tensor([1 / 6, 1 / 3, 1 / 2], dtype=torch.float64)),
+    ],
+)
+def test_logged_objective_weights_show_the_sum_one_bias_of_partial_participation(
+    aggregation: str, expected: Tensor
+) -> None:
+    # Sizes 1, 2, 3 and B = 4: every client takes one step, so only the aggregation weights differ.
+    module = _quadratic("fedavg_epochs", lr=0.01, sizes=(1, 2, 3), batch_size=4, aggregation=aggregation)
+    trainer = round_trainer(3, [_EveryPairInTurn()], limit_val_batches=0)
+    trainer.fit(module)
+    sums = module.objective_weight_sums
+    assert torch.allclose(sums / sums.sum(), expected, atol=1e-12)
+    w = torch.tensor([1 / 6, 1 / 3, 1 / 2], dtype=torch.float64)
+    logged = float(trainer.callback_metrics["diag/objective_weight_tv"])
+    assert logged == pytest.approx(total_variation(expected, w), abs=1e-7)
