@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -230,11 +230,11 @@ class _Recording(FedShuffle):
         return batches
 
 
-def _recording(preset: str, **kwargs: Any) -> _Recording:
+def _recording(preset: str, sizes: tuple[int, ...] = (3, 10, 33), **kwargs: Any) -> _Recording:
     options: dict[str, Any] = {"local_epochs": [2, 5], "aggregation": "normalised", **PRESETS[preset], **kwargs}
     return _Recording(
-        model=_Point(3),
-        datamodule=_Copies((3, 10, 33)),
+        model=_Point(len(sizes)),
+        datamodule=_Copies(sizes),
         client_optimizer=lambda p: torch.optim.SGD(p, lr=0.01),
         batch_size=4,
         **options,
@@ -382,8 +382,20 @@ def test_logged_objective_weights_show_the_sum_one_bias_of_partial_participation
     module = _quadratic("fedavg_epochs", lr=0.01, sizes=(1, 2, 3), batch_size=4, aggregation=aggregation)
     trainer = round_trainer(3, [_EveryPairInTurn()], limit_val_batches=0)
     trainer.fit(module)
-    sums = module.objective_weight_sums
+    sums = cast(Tensor, module.objective_weight_sums)
     assert torch.allclose(sums / sums.sum(), expected, atol=1e-12)
     w = torch.tensor([1 / 6, 1 / 3, 1 / 2], dtype=torch.float64)
     logged = float(trainer.callback_metrics["diag/objective_weight_tv"])
     assert logged == pytest.approx(total_variation(expected, w), abs=1e-7)
+
+
+@pytest.mark.parametrize("preset", ["fedshuffle", "fednova", "fedavg_min", "fedavg_mean"])
+def test_a_client_without_data_takes_no_step_and_does_not_stop_the_others(preset: str) -> None:
+    # Sizes 0, 3, 10 with B = 4 and E = 2: the others would take 2 and 6 steps.
+    module = _recording(preset, sizes=(0, 3, 10), local_epochs=2)
+    plan = module.work_plan(round_idx=0, client_ids=[0, 1, 2])
+    expected = {"fedshuffle": [0, 2, 6], "fednova": [0, 2, 6], "fedavg_min": [2, 2, 2], "fedavg_mean": [4, 4, 4]}
+    assert [plan[c].steps for c in range(3)] == expected[preset]
+    _fit(module, 1)
+    assert len(module.batches[(0, 0)]) == 0 and len(module.batches[(0, 1)]) == expected[preset][1]
+    assert torch.isfinite(flat_parameters(module.model)).all()

@@ -135,7 +135,7 @@ def step_size_scale(*, steps: int, max_steps: int, rule: StepSize) -> float:
     >>> step_size_scale(steps=4, max_steps=20, rule="fedshuffle"), step_size_scale(steps=4, max_steps=20, rule="fedavg")
     (5.0, 1.0)
     """
-    if rule == "fedshuffle":
+    if rule == "fedshuffle" and steps > 0:  # a client without data takes no step at all
         return max_steps / steps
     return 1.0
 
@@ -342,8 +342,9 @@ class FedShuffle(FederatedModule):
             cid: local_step_count(num_samples=sizes[cid], batch_size=self.batch_size, epochs=epochs[cid])
             for cid in client_ids
         }
-        if self.fixed_steps is not None:
-            common = fixed_step_count(list(steps.values()), self.fixed_steps)
+        if self.fixed_steps is not None:  # over the clients that hold data: an empty one cannot take a step
+            counts = [k for k in steps.values() if k > 0]
+            common = fixed_step_count(counts, self.fixed_steps) if counts else 0
             steps = dict.fromkeys(client_ids, common)
         return {
             cid: LocalWork(
@@ -391,7 +392,8 @@ class FedShuffle(FederatedModule):
     @override
     def on_upload_decoded(self, *, client_id: int, round_idx: int, decoded: Tensor) -> None:
         if self._aggregator is not None:
-            self._aggregator.expect_steps(self.local_work(client_id=client_id, round_idx=round_idx).steps)
+            # A client without data uploads Δ_i = 0 with w_i = 0: any τ_i ≥ 1 leaves the sums unchanged.
+            self._aggregator.expect_steps(max(self.local_work(client_id=client_id, round_idx=round_idx).steps, 1))
 
     @override
     def server_delta(self, *, round_idx: int, aggregator: Aggregator) -> Tensor:
@@ -418,7 +420,7 @@ class FedShuffle(FederatedModule):
         steps = torch.tensor([plan[c].steps for c in cohort.client_ids], dtype=torch.float64)
         moved = torch.tensor([plan[c].lr_scale for c in cohort.client_ids], dtype=torch.float64) * steps
         if self.update_scaling == "fednova":
-            moved = moved * float((coefficient * steps).sum()) / steps
+            moved = moved * float((coefficient * steps).sum()) / steps.clamp(min=1.0)
         weights = torch.zeros(len(sizes), dtype=torch.float64)
         weights[ids] = coefficient * moved
         return weights
