@@ -39,8 +39,10 @@ CASES = {
     ],
 }
 
-# Slow: sub-model methods (per-client slices, slice-wise sums, random eFD sub-models per client).
+# Beyond the suite's time budget (run with -m slow): FedNova's step sums, and the sub-model
+# methods (per-client slices, slice-wise sums, random eFD sub-models per client).
 SLOW_CASES = {
+    "fednova_heterogeneous_epochs": ["rounds=2", "method=fednova", "sampler=uniform", "clients_per_round=5"],
     "fjord": ["rounds=2", "method=fjord", "model=digits_mlp", "sampler=uniform", "clients_per_round=6"],
     "efd": ["rounds=2", "method=efd", "method.width=0.8", "model=digits_mlp", "sampler=uniform", "clients_per_round=6"],
 }

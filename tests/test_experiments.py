@@ -31,6 +31,7 @@ def test_experiment_config_composes(make_config: Callable[..., DictConfig], name
         ("diana_digits_quick", ["rounds=3", "eval_every=3"], 0.2),
         ("diana_synthetic_quick", ["rounds=3", "eval_every=3"], 0.2),
         ("diana_golub_quick", ["rounds=3", "eval_every=3"], 0.2),
+        ("fedshuffle_heterogeneous_quick", ["rounds=2", "eval_every=2"], 0.2),
     ],
 )
 def test_quick_experiment_smoke(

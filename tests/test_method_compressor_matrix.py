@@ -46,7 +46,10 @@ N_ZAMPLING = PARAMS // 32  # method.compression = 32
 OWN_CODEC: dict[str, tuple[str, int | None]] = {
     **{
         m: ("float32", 32 * PARAMS)
-        for m in ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "dcsgd", "diana", "vr_diana", "fedavg_prune")
+        for m in (
+            *("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "dcsgd", "diana", "vr_diana", "fedavg_prune"),
+            *("fedshuffle", "fednova", "fedavg_epochs", "fedavg_min", "fedavg_mean"),
+        )
     },
     "zampling": ("bitpack", N_ZAMPLING),  # one bit per trainable coordinate
     "local_zampling": ("float32", 32 * N_ZAMPLING),  # p itself

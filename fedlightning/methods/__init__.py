@@ -10,6 +10,8 @@
 ``FedAvgPrune``           pruning)
 ``FjORD``                 FjORD's ordered dropout over device tiers (arXiv 2102.13451)
                           and its eFD baseline, ``ExtendedFederatedDropout``
+``FedShuffle``            FedShuffleGen (arXiv 2204.13169; thesis ch. 8): FedShuffle,
+                          FedNova, FedAvg, FedAvgMin/Mean with heterogeneous epochs
 ========================  ============================================================
 """
 
@@ -27,6 +29,7 @@ _EXPORTS = {
     "FedIHT": "fediht",
     "ExtendedFederatedDropout": "fjord",
     "FedPM": "fedpm",
+    "FedShuffle": "fedshuffle",
     "FjORD": "fjord",
     "Supermask": "supermask",
     "Zampling": "zampling",
