@@ -110,9 +110,7 @@ class FedPM(Zampling):
         self.reset_every = reset_every
         self.weight_scale = weight_scale
         fixed = {"d": 1, "compression": 1, "n": "m", "estimator": "fedpm"}
-        refuse_fixed_settings(
-            "FedPM", fixed, {key: kwargs.pop(key) for key in fixed if key in kwargs}
-        )
+        refuse_fixed_settings("FedPM", fixed, {key: kwargs.pop(key) for key in fixed if key in kwargs})
         kwargs.setdefault("p_init", "score_normal")
         super().__init__(d=1, compression=1, n=None, estimator="fedpm", **kwargs)
         if self.downlink == "lattice":

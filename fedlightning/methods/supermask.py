@@ -54,9 +54,7 @@ class Supermask(Zampling):
     def __init__(self, *, signed_constant: bool = False, **kwargs: Any) -> None:
         self.signed_constant = signed_constant
         fixed = {"d": 1, "compression": 1, "n": "m", "estimator": "zhou"}
-        refuse_fixed_settings(
-            "Supermask", fixed, {key: kwargs.pop(key) for key in fixed if key in kwargs}
-        )
+        refuse_fixed_settings("Supermask", fixed, {key: kwargs.pop(key) for key in fixed if key in kwargs})
         kwargs.setdefault("p_init", "half")
         super().__init__(d=1, compression=1, n=None, estimator="zhou", **kwargs)
 
