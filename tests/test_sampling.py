@@ -274,7 +274,7 @@ def test_a_method_whose_server_step_is_not_a_weighted_mean_refuses_ocs(
     make_config: Callable[..., DictConfig], tmp_path: Path
 ) -> None:
     cfg = make_config(["method=diana", "sampler=ocs", "clients_per_round=2", "rounds=1", "data.num_clients=4"])
-    with pytest.raises(ConfigError, match="chooses uploaders after local work, which DIANA cannot aggregate"):
+    with pytest.raises(ConfigError, match="chooses uploaders after local work, which DIANA does not support"):
         run(cfg, tmp_path)
 
 

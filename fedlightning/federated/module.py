@@ -695,7 +695,7 @@ class FederatedModule(L.LightningModule):
         if sampler is not None and sampler.chooses_uploaders and not self.accepts_upload_choice:
             raise ConfigError(
                 f"{type(sampler).__name__} chooses uploaders after local work, which {type(self).__name__} "
-                "cannot aggregate (its server step is not a weighted mean of the uploads); "
+                "does not support (its aggregation is not the engine's weighted mean of the uploads); "
                 "use sampler=uniform, sampler=independent or sampler=importance."
             )
         self.client_model.to(self.device)
