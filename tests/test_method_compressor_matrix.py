@@ -63,9 +63,15 @@ OWN_CODEC: dict[str, tuple[str, int | None]] = {
 # Sub-model methods need hidden layers (ordered dropout has nothing to drop in logistic regression);
 # their uploads are slices whose length depends on the client's tier.
 SLICED = {"fjord": 4810, "fjord_smallest": 4810, "efd": 4810}  # digits_mlp parameters
-# Methods that share FjORD's code path run only their distinct pairs in the default suite (own codec,
-# a layer-wise operator, error feedback); the other pairs are marked slow.
-FAST_PAIRS = {m: {"none", "natural", "top_k_ef"} for m in ("fjord_smallest", "efd")}
+# Configs that share another config's uplink code path (FjORD's, FedShuffleGen's, FedAvg's with another
+# server optimiser) run only their distinct pairs in the default suite (own codec, a layer-wise
+# operator, error feedback); their other pairs are marked slow.
+SHARED_PATH = (
+    *("fjord_smallest", "efd"),
+    *("fednova", "fedavg_epochs", "fedavg_min", "fedavg_mean"),
+    *("fedavgm", "fedadam", "fedyogi", "fedadagrad"),
+)
+FAST_PAIRS = {m: {"none", "natural", "top_k_ef"} for m in SHARED_PATH}
 PAIRS = [
     pytest.param(m, c, id=f"{m}-{c}", marks=[pytest.mark.slow] if m in FAST_PAIRS and c not in FAST_PAIRS[m] else [])
     for m in METHODS

@@ -220,7 +220,7 @@ class NURand1(Sparsifier):
 
 
 class GradientSparsification(Sparsifier):
-    """Wangni et al. (2018) gradient sparsification, the authors' greedy calibration (§6.5).
+    """Wangni et al. (2018) gradient sparsification, the authors' greedy calibration (arXiv 1710.09854).
 
     Budget ``r = k`` (or ``⌊d·fraction⌋``): ``p = min(r|x|/‖x‖₁, 1)``, then up to 4 passes
     ``c = (r − d + #{p<1}) / Σ_{p<1} p``, ``p ← min(c p, 1)`` until ``c ≤ 1``; keep
@@ -268,7 +268,8 @@ class TopKThen(Compressor):
     """Top-k followed by another compressor on the kept values (e.g. natural dithering, (4.14)).
 
     Message: index-coded support, then ``inner``'s code of the ``k``-vector. Biased; with
-    ``ζ = ω_inner(k) + 1 < 2`` the unscaled operator has δ = d/((2 − ζ)k) [DERIVED, §5.2 (j)].
+    ``ζ = ω_inner(k) + 1 < 2`` the unscaled operator has δ = d/((2 − ζ)k) (derived from the
+    composition rules of Table 4.3 of the thesis, arXiv 2207.00392).
     """
 
     unbiased = False

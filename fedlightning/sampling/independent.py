@@ -80,7 +80,7 @@ class IndependentSampler(ClientSampler):
             )
         self._p = torch.full((n,), self.clients_per_round / n, dtype=torch.float64)
 
-    def inclusion_probabilities(self, module: FederatedModule) -> Tensor:
+    def inclusion_probabilities(self) -> Tensor:
         """p_i of every client of the federation (float64)."""
         if self._p is None:
             raise RuntimeError("The sampler is not set up: it knows the federation only once a trainer runs it.")
@@ -89,7 +89,7 @@ class IndependentSampler(ClientSampler):
     @override
     def select_cohort(self, trainer: L.Trainer, module: FederatedModule, round_idx: int) -> Cohort:
         gen = module.generator(round_idx, SERVER, "cohort")
-        return bernoulli_cohort(self.inclusion_probabilities(module), round_idx=round_idx, generator=gen)
+        return bernoulli_cohort(self.inclusion_probabilities(), round_idx=round_idx, generator=gen)
 
 
 class ImportanceSampler(IndependentSampler):

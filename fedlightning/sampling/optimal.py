@@ -89,7 +89,7 @@ class OptimalClientSampler(ClientSampler):
         return scores.to(torch.float32).to(torch.float64)
 
     def probabilities(self, scores: Tensor) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor], dict[str, float]]:
-        """q per member and the control values each member sends and receives (by cohort position)."""
+        """q per member, the control values each sends and receives (by cohort position), metrics to log."""
         q = optimal_probabilities(scores, self.expected_uploaders)
         up = {k: scores[k : k + 1] for k in range(scores.numel())}
         down = {k: q[k : k + 1] for k in range(scores.numel())}
