@@ -6,6 +6,7 @@ import csv
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from torch import Tensor
 from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.errors import ConfigError
 from fedlightning.federated.cohort import Cohort
-from fedlightning.federated.hooks import ClientSampler
+from fedlightning.federated.hooks import ClientSampler, FederatedCallback
 from fedlightning.federated.params import flat_parameters
 from fedlightning.federated.rng import torch_generator
 from fedlightning.run import run
@@ -322,3 +323,34 @@ def test_ocs_on_mnist_matches_full_participation_within_a_point_with_four_times_
     assert ocs["test/acc"] >= full["test/acc"] - 0.01
     assert ocs["comm/uplink_bits_total"] * 4 <= full["comm/uplink_bits_total"]  # norms included
     assert ocs["comm/uplink_control_bits_total"] == 32 * 100 * 50
+
+
+class _LoseFirstUpload(FederatedCallback):
+    """Loses the first upload of the run (a chosen client whose message never arrives)."""
+
+    def __init__(self) -> None:
+        self.lost: int | None = None
+
+    def drops_upload(self, trainer: Any, module: Any, round_idx: int, client_id: int) -> bool:
+        if self.lost is None:
+            self.lost = client_id
+            return True
+        return False
+
+
+def test_a_lost_ocs_upload_still_counts_in_the_total_weight_of_those_who_computed(tmp_path: Path) -> None:
+    dm = digits_federation(6)
+    module = _fedavg(dm)
+    w0 = flat_parameters(module.model).clone()
+    deltas = {c: module.client_update(client_id=c, round_idx=0, received=w0).upload for c in range(6)}
+    loser = _LoseFirstUpload()
+    accountant = CommunicationAccountant(records_path=tmp_path / "records.csv")
+    round_trainer(1, [OptimalClientSampler(expected_uploaders=3), loser, accountant]).fit(module)
+    rows = _records(tmp_path / "records.csv")
+    sent = {
+        int(r["client"]): float(r["probability"]) for r in rows if r["kind"] == "payload" and r["direction"] == "up"
+    }
+    assert loser.lost is not None and loser.lost not in sent and sent
+    n = sum(dm.client_sizes)
+    expected = sum(dm.client_sizes[c] / n / q * deltas[c] for c, q in sent.items())  # denominator Σ_cohort w_i = 1
+    assert torch.allclose(flat_parameters(module.model) - w0, expected, atol=1e-6)

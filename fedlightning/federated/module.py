@@ -567,7 +567,8 @@ class FederatedModule(L.LightningModule):
         """Phase *choose*: the sampler sees every cohort member's ‖update‖₂, then the chosen upload.
 
         The choice protocol's control messages are observed per client. With the normalised
-        estimator every member that computed counts in the total weight, chosen or not.
+        estimator every member that computed counts in the total weight, whether it was chosen,
+        and whether its upload then arrived or was lost.
         """
         assert rnd.sampler is not None
         norms = torch.zeros(len(rnd.cohort), dtype=torch.float64)
@@ -584,11 +585,11 @@ class FederatedModule(L.LightningModule):
                         cb.on_control_message(self.trainer, self, rnd.round_idx, client_id, direction, message)
         chosen = dict(zip(choice.uploaders.client_ids, choice.uploaders.inclusion_probabilities.tolist(), strict=True))
         for client_id, result in buffered:
-            if client_id in chosen:
-                self._upload(rnd, client_id, result, rnd.probability[client_id], choice_probability=chosen[client_id])
-            elif self.aggregation == "normalised":
+            if self.aggregation == "normalised":  # every member that computed, chosen, lost or not
                 assert isinstance(rnd.aggregator, WeightedMean)
                 rnd.aggregator.add_mass(self.client_share(client_id=client_id, num_samples=result.num_samples))
+            if client_id in chosen:
+                self._upload(rnd, client_id, result, rnd.probability[client_id], choice_probability=chosen[client_id])
 
     def _server_step(self, rnd: _Round) -> None:
         """Phase *apply*: set the server state, or step the server optimiser on −Δ."""
@@ -654,8 +655,8 @@ class FederatedModule(L.LightningModule):
             rnd.aggregator.accumulate(decoded, weight=weight)
         else:
             assert isinstance(rnd.aggregator, WeightedMean)
-            if self.aggregation == "normalised":  # w_i/q_i over the cohort's total weight
-                rnd.aggregator.accumulate(decoded, weight=weight / q, mass=weight)
+            if self.aggregation == "normalised":  # w_i/q_i; the cohort's weight was counted at the choice
+                rnd.aggregator.accumulate(decoded, weight=weight / q, mass=0.0)
             else:  # w_i/(p_i q_i): upload_weight divided by the product; no normaliser
                 rnd.aggregator.accumulate(decoded, weight=weight)
         for k, name in enumerate(self.client_metric_names):

@@ -70,7 +70,8 @@ class OptimalClientSampler(ClientSampler):
         if self.expected_uploaders >= n:
             raise ConfigError(
                 f"sampler={self.name} with clients_per_round={self.expected_uploaders} expected uploaders of a "
-                f"{n}-client cohort lets every client upload; lower clients_per_round or use sampler=full."
+                f"{n}-client cohort lets every client upload; lower clients_per_round, or use "
+                + ("sampler=full." if n == num_clients else f"sampler=uniform clients_per_round={n}.")
             )
 
     @override
