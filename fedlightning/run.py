@@ -188,6 +188,7 @@ def run(
         trainer.test(module, verbose=False)  # resets callback_metrics: keep the fit metrics above
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if _is_scalar(v)})
         summary = {
+            "status": "completed",  # a failed job writes no summary.json (see fedlightning.jobs)
             "method": method_name,
             "data": data_name,
             "model": choices.get("model") or cfg.model.get("name"),
