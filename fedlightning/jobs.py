@@ -155,3 +155,34 @@ def sweep_failed(failures: Sequence[tuple[int, str, Sequence[str], str]], total:
     for num, folder, overrides, sentence in failures:
         lines.append(f"  #{num} {folder} [{' '.join(overrides)}]: {sentence}")
     return SweepFailedError("\n".join(lines))
+
+
+def failed_or_unfinished(dirs: Sequence[str | Path]) -> list[tuple[str, str]]:
+    """(folder, reason) for each job folder under ``dirs`` that holds no result.
+
+    A failed job gives its recorded sentence; a folder with neither ``summary.json`` nor a status
+    (a job killed or still running) says so.
+    """
+    found = []
+    for top in dirs:
+        for folder in job_folders(top):
+            if (folder / "summary.json").is_file():
+                continue
+            status = read_status(folder)
+            if status is not None and status.get("status") == "failed":
+                found.append((str(folder), f"failed: {status.get('error') or 'no error recorded'}"))
+            elif status is None or status.get("status") != "completed":
+                found.append((str(folder), "no summary.json and no status: killed or still running"))
+    return found
+
+
+def skipped_report(skipped: Sequence[tuple[str, str]], total: int) -> str:
+    """The lines that list the job folders a plot or table left out, with the reason of each.
+
+    >>> print(skipped_report([("sweep/1", "failed: rounds must be at least 1.")], 3))
+    left out 1 of 3 job folders:
+      sweep/1: failed: rounds must be at least 1.
+    """
+    lines = [f"left out {len(skipped)} of {total} job folders:"]
+    lines += [f"  {folder}: {reason}" for folder, reason in skipped]
+    return "\n".join(lines)
