@@ -43,12 +43,15 @@ def config_dir() -> str:
 def job(cfg: DictConfig) -> float | None:
     """Run one job and record its status in its folder; returns the test accuracy (for sweepers)."""
     from fedlightning.jobs import record_failure, record_success
-    from fedlightning.run import run
+    from fedlightning.schema import validate_top_level
 
     hc = HydraConfig.get()
     output_dir = hc.runtime.output_dir
     overrides = list(hc.overrides.task)
     try:
+        validate_top_level(cfg)  # before torch and Lightning are imported: a typo costs a second
+        from fedlightning.run import run
+
         summary = run(cfg, output_dir, choices=dict(hc.runtime.choices), overrides=overrides)
     except Exception as exc:
         sentence = record_failure(output_dir, exc, overrides=overrides)

@@ -48,7 +48,7 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from fedlightning.errors import ConfigError
 
-__all__ = ["GROUPS", "TrainSchema", "check_target_node", "close_match", "validate_config"]
+__all__ = ["GROUPS", "TrainSchema", "check_target_node", "close_match", "validate_config", "validate_top_level"]
 
 #: Config groups whose node is one ``_target_`` node.
 GROUPS = ("method", "data", "partition", "sampler", "compressor", "downlink", "trainer")
@@ -101,6 +101,8 @@ MAX_LISTED = 16
 POSITIVE_KEYS = frozenset({"lr"})
 AT_LEAST_ONE_KEYS = frozenset({"batch_size", "num_clients", "local_epochs", "local_steps"})
 NON_NEGATIVE_KEYS = frozenset({"weight_decay", "momentum"})
+#: Keys that name a file to read: it must exist when set.
+FILE_KEYS = frozenset({"partition_file"})
 
 
 def close_match(word: str, choices: Iterable[str]) -> str | None:
@@ -124,10 +126,7 @@ def validate_config(cfg: DictConfig) -> None:
     Order: required keys, top-level keys against :class:`TrainSchema`, the model preset name,
     then each group node against its target's signature.
     """
-    missing = [k for k in REQUIRED if k not in cfg]
-    if missing:
-        raise ConfigError(f"The config lacks {', '.join(missing)}; compose it from configs/train.yaml.")
-    _check_top_level(cfg)
+    validate_top_level(cfg)
     _check_model(cfg.get("model"))
     for group in GROUPS:
         node = _get(cfg, group, group)
@@ -146,6 +145,14 @@ def validate_config(cfg: DictConfig) -> None:
             child = _get(node, name, f"{group}.{name}")
             if isinstance(child, DictConfig) and "_target_" in child:
                 check_target_node(child, f"{group}.{name}")
+
+
+def validate_top_level(cfg: DictConfig) -> None:
+    """The top-level part of :func:`validate_config`: no import beyond OmegaConf (the CLI runs it first)."""
+    missing = [k for k in REQUIRED if k not in cfg]
+    if missing:
+        raise ConfigError(f"The config lacks {', '.join(missing)}; compose it from configs/train.yaml.")
+    _check_top_level(cfg)
 
 
 def _get(node: DictConfig, key: str, path: str) -> Any:
@@ -308,6 +315,8 @@ def check_target_node(node: DictConfig, where: str) -> None:
 
 
 def _check_range(key: str, value: Any, path: str) -> None:
+    if key in FILE_KEYS and isinstance(value, str) and value and not Path(value).is_file():
+        raise ConfigError(f"{path}={value} does not exist; point it at a saved file (e.g. partition.json) or unset it.")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return
     if key in POSITIVE_KEYS and not value > 0:
