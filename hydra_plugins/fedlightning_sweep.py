@@ -23,7 +23,7 @@ from typing import Any
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,15 @@ def _recorded(ret: JobReturn) -> JobReturn:
         status=ret.status,
         _return_value=ret._return_value,
     )
+
+
+def _job_dir(ret: JobReturn) -> str:
+    """The job's output folder (``working_dir`` is the process's cwd unless Hydra changed into it)."""
+    if ret.hydra_cfg is not None:
+        output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir")
+        if output_dir:
+            return str(output_dir)
+    return str(ret.working_dir)
 
 
 class FedLightningLauncher(BasicLauncher):
@@ -129,12 +138,7 @@ class FedLightningSweeper(BasicSweeper):
         jobs = [ret for batch in returns for ret in batch]
         shared = set.intersection(*(set(ret.overrides or []) for ret in jobs)) if len(jobs) > 1 else set()
         failures = [
-            (
-                num,
-                str(ret.working_dir),
-                [o for o in ret.overrides or [] if o not in shared],
-                error_sentence(ret._return_value),
-            )
+            (num, _job_dir(ret), [o for o in ret.overrides or [] if o not in shared], error_sentence(ret._return_value))
             for num, ret in enumerate(jobs)
             if ret.status == JobStatus.FAILED
         ]
