@@ -8,6 +8,7 @@ sentence as its last stderr line, which the CLI cases at the end check on three 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -198,3 +199,6 @@ def test_cli_exits_1_with_the_sentence_as_its_last_line(
     assert last.startswith("fedlightning: error: "), result.stderr[-2000:]
     _assert_one_sentence(last, fragments)
     assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
+    if (tmp_path / "run").exists():  # the job started (its config composed): its folder keeps the record
+        assert (tmp_path / "run" / "error.txt").read_text().startswith(last.removeprefix("fedlightning: error: "))
+        assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"
