@@ -58,7 +58,8 @@ def job(cfg: DictConfig) -> float | None:
         if hc.mode == RunMode.MULTIRUN or not isinstance(exc, FedLightningError):
             raise  # a sweep records the failed job and runs the others; a bug keeps its traceback
         _fail(sentence)
-    record_success(output_dir, overrides=overrides)
+    if all(os.environ.get(name, "0") == "0" for name in ("RANK", "LOCAL_RANK", "NODE_RANK")):
+        record_success(output_dir, overrides=overrides)  # one process writes results (as run() does)
     return summary.get("test/acc")
 
 

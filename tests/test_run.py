@@ -228,6 +228,8 @@ def test_wheel_ships_the_configs(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "fedlightning/configs/train.yaml" in names
     assert "fedlightning/configs/method/fedavg.yaml" in names
+    assert "fedlightning/configs/hydra/sweeper/fedlightning.yaml" in names
+    assert "hydra_plugins/fedlightning_sweep.py" in names  # Hydra finds plugins only in this package
 
 
 @pytest.mark.parametrize("method", ["fedavgm", "fedadam", "fedyogi", "fedadagrad"])
