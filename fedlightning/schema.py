@@ -183,7 +183,7 @@ def _check_top_level(cfg: DictConfig) -> None:
         example, meaning, minimum = spec.metadata["example"], spec.metadata["meaning"], spec.metadata["min"]
         if not _matches(value, hints[name]):
             kind = _describe(hints[name])
-            raise ConfigError(f"{name}={_show(value)} is not {kind}; set {name} ({meaning}) to {kind}, e.g. {example}.")
+            raise ConfigError(f"{name} ({meaning}) must be {kind} (got {_show(value)}); set e.g. {example}.")
         if minimum is not None and isinstance(value, int) and value < minimum:
             raise ConfigError(f"{name} ({meaning}) must be at least {minimum} (got {value}); set e.g. {example}.")
 
@@ -310,8 +310,17 @@ def check_target_node(node: DictConfig, where: str) -> None:
             continue
         if key in hints and not _matches(value, hints[key]):
             kind = _describe(hints[key])
-            raise ConfigError(f"{path}={_show(value)} is not {kind}; set {path} to {kind}.")
+            raise ConfigError(f"{path} must be {kind} (got {_show(value)}){_default_hint(path, params[key])}.")
         _check_range(key, value, path)
+
+
+def _default_hint(path: str, parameter: inspect.Parameter) -> str:
+    """``"; its default is path=value"`` when the parameter has a plain default, else nothing."""
+    default = parameter.default
+    if default is inspect.Parameter.empty or default is None or not isinstance(default, str | int | float | bool):
+        return ""
+    shown = default if isinstance(default, str) else _show(default)
+    return f"; its default is {path}={shown}"
 
 
 def _check_range(key: str, value: Any, path: str) -> None:

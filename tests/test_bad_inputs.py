@@ -44,27 +44,36 @@ COMPOSE_CASES = {
 }
 
 SCHEMA_CASES = {
-    "rounds not a number": (["rounds=abc"], ["rounds='abc' is not an integer", "e.g. rounds=50"]),
-    "rounds fractional": (["rounds=2.5"], ["rounds=2.5 is not an integer", "e.g. rounds=50"]),
-    "rounds boolean": (["rounds=true"], ["rounds=true is not an integer"]),
+    "rounds not a number": (
+        ["rounds=abc"],
+        ["rounds (the number of federated rounds) must be an integer (got 'abc')", "e.g. rounds=50"],
+    ),
+    "rounds fractional": (
+        ["rounds=2.5"],
+        ["rounds (the number of federated rounds) must be an integer (got 2.5)", "e.g. rounds=50"],
+    ),
+    "rounds boolean": (["rounds=true"], ["must be an integer (got true)"]),
     "rounds zero": (["rounds=0"], ["rounds", "must be at least 1 (got 0)", "e.g. rounds=50"]),
     "rounds negative": (["rounds=-5"], ["rounds", "must be at least 1 (got -5)"]),
     "threads zero": (["threads=0"], ["threads", "must be at least 1 (got 0)", "e.g. threads=1"]),
-    "threads text": (["threads=two"], ["threads='two' is not an integer or null", "e.g. threads=1"]),
+    "threads text": (["threads=two"], ["threads", "must be an integer or null (got 'two')", "e.g. threads=1"]),
     "checkpoint_every negative": (["checkpoint_every=-1"], ["checkpoint_every", "at least 0", "checkpoint_every=10"]),
-    "checkpoint_every fractional": (["checkpoint_every=1.5"], ["checkpoint_every=1.5 is not an integer"]),
+    "checkpoint_every fractional": (["checkpoint_every=1.5"], ["checkpoint_every", "must be an integer (got 1.5)"]),
     "eval_every zero": (["eval_every=0"], ["eval_every", "must be at least 1", "e.g. eval_every=1"]),
-    "eval_every text": (["eval_every=abc"], ["eval_every='abc' is not an integer"]),
+    "eval_every text": (["eval_every=abc"], ["eval_every", "must be an integer (got 'abc')"]),
     "seed negative": (["seed=-1"], ["seed", "must be at least 0", "e.g. seed=0"]),
-    "seed fractional": (["seed=0.5"], ["seed=0.5 is not an integer", "e.g. seed=0"]),
+    "seed fractional": (["seed=0.5"], ["seed", "must be an integer (got 0.5)", "e.g. seed=0"]),
     "clients_per_round zero": (["clients_per_round=0"], ["clients_per_round", "at least 1", "clients_per_round=10"]),
-    "clients_per_round text": (["clients_per_round=ten"], ["clients_per_round='ten' is not an integer or null"]),
+    "clients_per_round text": (
+        ["clients_per_round=ten"],
+        ["clients_per_round", "must be an integer or null (got 'ten')"],
+    ),
     "boolean as text": (
         ["save_partition=maybe"],
-        ["save_partition='maybe' is not true or false", "save_partition=true"],
+        ["save_partition", "must be true or false (got 'maybe')", "save_partition=true"],
     ),
-    "boolean as number": (["save_partition=1"], ["save_partition=1 is not true or false"]),
-    "ckpt_path as number": (["ckpt_path=3"], ["ckpt_path=3 is not a string or null"]),
+    "boolean as number": (["save_partition=1"], ["save_partition", "must be true or false (got 1)"]),
+    "ckpt_path as number": (["ckpt_path=3"], ["ckpt_path", "must be a string or null (got 3)"]),
     "unknown top-level key": (["+foo=1"], ["foo is not a top-level key", "remove +foo=..."]),
     "misspelt top-level key": (["+roundz=3"], ["roundz is not a top-level key", "did you mean rounds?"]),
     "client lr negative": (["method.client_optimizer.lr=-1"], ["method.client_optimizer.lr must be positive", "e.g."]),
@@ -77,20 +86,26 @@ SCHEMA_CASES = {
     "batch_size zero": (["method.batch_size=0"], ["method.batch_size must be at least 1"]),
     "batch_size text": (
         ["method.batch_size=abc"],
-        ["method.batch_size='abc' is not an integer", "set method.batch_size"],
+        ["method.batch_size must be an integer (got 'abc')", "its default is method.batch_size=32"],
     ),
     "local_epochs zero": (["method.local_epochs=0"], ["method.local_epochs must be at least 1"]),
-    "local_steps fractional": (["method.local_steps=2.5"], ["method.local_steps=2.5 is not an integer or null"]),
-    "aggregation unknown": (["method.aggregation=foo"], ["method.aggregation='foo' is not one of 'normalised'"]),
+    "local_steps fractional": (["method.local_steps=2.5"], ["method.local_steps must be an integer or null (got 2.5)"]),
+    "aggregation unknown": (
+        ["method.aggregation=foo"],
+        ["method.aggregation must be one of 'normalised', 'unbiased' (got 'foo')"],
+    ),
     "unknown method key": (
         ["+method.lcoal_epochs=2"],
         ["method has no key lcoal_epochs", "did you mean local_epochs?"],
     ),
     "unknown optimiser key": (["+method.client_optimizer.lrr=0.1"], ["client_optimizer has no key lrr", "mean lr?"]),
     "unknown data key": (["+data.rooot=/tmp"], ["data has no key rooot", "did you mean root?"]),
-    "num_clients text": (["data.num_clients=abc"], ["data.num_clients='abc' is not an integer"]),
+    "num_clients text": (
+        ["data.num_clients=abc"],
+        ["data.num_clients must be an integer (got 'abc')", "default is data.num_clients=10"],
+    ),
     "num_clients zero": (["data.num_clients=0"], ["data.num_clients must be at least 1"]),
-    "val_fraction text": (["data.val_fraction=abc"], ["data.val_fraction='abc' is not a number"]),
+    "val_fraction text": (["data.val_fraction=abc"], ["data.val_fraction must be a number (got 'abc')"]),
     "missing partition file": (
         ["+data.partition_file=/nonexistent/partition.json"],
         ["data.partition_file=/nonexistent/partition.json does not exist", "or unset it"],
@@ -103,7 +118,7 @@ SCHEMA_CASES = {
     ),
     "compressor boolean as text": (
         ["compressor=top_k", "compressor.error_feedback=maybe"],
-        ["compressor.error_feedback='maybe' is not true or false"],
+        ["compressor.error_feedback must be true or false (got 'maybe')"],
     ),
     "unknown sampler key": (["sampler=uniform", "+sampler.clients=3"], ["sampler has no key clients"]),
     "unknown downlink key": (["downlink=qsgd", "+downlink.compressor.levels=4"], ["downlink.compressor has no key"]),
@@ -160,7 +175,9 @@ def test_schema_refuses_before_compute(composer: Composer, overrides: list[str],
 
 
 def test_run_checks_the_schema_before_building_anything(composer: Composer, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^rounds=2\.5 is not an integer"):
+    with pytest.raises(
+        ConfigError, match=r"^rounds \(the number of federated rounds\) must be an integer \(got 2\.5\)"
+    ):
         run(composer(["rounds=2.5"]), tmp_path)
     assert not (tmp_path / "partition.json").exists() and not (tmp_path / "checkpoints").exists()
 
@@ -186,7 +203,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     ("overrides", "fragments"),
     [
         (["method=fedavgg"], ["method=fedavgg is not a config", "did you mean method=fedavg?"]),
-        (["rounds=abc"], ["rounds='abc' is not an integer", "e.g. rounds=50"]),
+        (["rounds=abc"], ["rounds (the number of federated rounds) must be an integer (got 'abc')", "e.g. rounds=50"]),
     ],
     ids=["composition", "schema"],
 )
