@@ -14,7 +14,6 @@ messages and tracebacks instead.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -81,7 +80,6 @@ def main() -> None:
     try:
         job()
     except (FedLightningError, HydraException, OmegaConfBaseException) as exc:
-        logging.getLogger("fedlightning").debug("error", exc_info=exc)
         _fail(error_sentence(exc))
     finally:
         os.environ.pop(FULL_ERROR, None)

@@ -115,11 +115,14 @@ def record_failure(
     (job_dir / ERROR_FILE).write_text(f"{sentence}\n\n{trace}")
     status = {"status": "failed", "error": sentence, "error_type": type(exc).__name__, "overrides": list(overrides)}
     (job_dir / STATUS_FILE).write_text(json.dumps(status, indent=2) + "\n")
+    # The log gets the sentence only: Hydra's console handler shows the log too, and the user
+    # sees no traceback for an error they can fix (it is in error.txt).
+    where = f"{sentence} (traceback in {job_dir / ERROR_FILE})"
     if log_file is not None:
         with (job_dir / log_file).open("a") as handle:
-            handle.write(f"[{_timestamp()}][fedlightning][ERROR] - {sentence}\n{trace}")
+            handle.write(f"[{_timestamp()}][fedlightning][ERROR] - {where}\n")
     else:
-        log.error("%s\n%s", sentence, trace)
+        log.error("%s", where)
     return sentence
 
 

@@ -57,7 +57,9 @@ def test_record_failure_writes_the_sentence_the_traceback_and_the_status(sweep: 
         "overrides": ["seed=2", "method.lr=-1"],
     }
     log_line = (sweep / "2" / "cli.log").read_text().splitlines()[0]
-    assert log_line.endswith("[fedlightning][ERROR] - method.lr must be positive (got -1).")
+    assert log_line.endswith(
+        f"[fedlightning][ERROR] - method.lr must be positive (got -1). (traceback in {sweep / '2' / 'error.txt'})"
+    )
     assert read_status(sweep / "0") == {"status": "completed", "overrides": ["seed=0", "method.lr=0.1"]}
 
 
