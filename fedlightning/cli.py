@@ -2,20 +2,32 @@
 
 Configs live in the top-level ``configs/`` folder of a source checkout and are shipped inside
 the wheel as ``fedlightning/configs``, so ``pip install .`` runs the same job.
+
+Every error the user can fix ends the command with exit status 1 and one line on stderr,
+``fedlightning: error: <sentence>``: a config that does not compose (``method=fedavgg``), one that
+fails :func:`fedlightning.schema.validate_config`, or a run that stops with a
+:class:`~fedlightning.errors.FedLightningError`. The job's folder keeps the record
+(``status.json``, ``error.txt``, ``cli.log``; see :mod:`fedlightning.jobs`). A multirun runs
+every job and ends with the list of failed jobs. ``HYDRA_FULL_ERROR=1`` shows Hydra's own
+messages and tracebacks instead.
 """
 
 from __future__ import annotations
 
-import logging
+import os
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from fedlightning.errors import FedLightningError
+
+FULL_ERROR = "HYDRA_FULL_ERROR"
 
 
 def config_dir() -> str:
@@ -27,20 +39,50 @@ def config_dir() -> str:
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="train")
-def main(cfg: DictConfig) -> float | None:
-    """Run one job; returns the test accuracy (for Hydra sweepers)."""
-    from fedlightning.run import run
+def job(cfg: DictConfig) -> float | None:
+    """Run one job and record its status in its folder; returns the test accuracy (for sweepers)."""
+    from fedlightning.jobs import record_failure, record_success
+    from fedlightning.schema import validate_top_level
 
     hc = HydraConfig.get()
+    output_dir = hc.runtime.output_dir
+    overrides = list(hc.overrides.task)
     try:
-        summary = run(cfg, hc.runtime.output_dir, choices=dict(hc.runtime.choices), overrides=list(hc.overrides.task))
-    except FedLightningError as exc:
-        if hc.mode == RunMode.MULTIRUN:
-            raise  # Hydra records the failed job and runs the others
-        logging.getLogger("fedlightning").error("%s", exc)
-        print(f"fedlightning: error: {exc}", file=sys.stderr)
-        sys.exit(1)
+        validate_top_level(cfg)  # before torch and Lightning are imported: a typo costs a second
+        from fedlightning.run import run
+
+        summary = run(cfg, output_dir, choices=dict(hc.runtime.choices), overrides=overrides)
+    except Exception as exc:
+        sentence = record_failure(output_dir, exc, overrides=overrides)
+        if hc.mode == RunMode.MULTIRUN or not isinstance(exc, FedLightningError):
+            raise  # a sweep records the failed job and runs the others; a bug keeps its traceback
+        _fail(sentence)
+    if all(os.environ.get(name, "0") == "0" for name in ("RANK", "LOCAL_RANK", "NODE_RANK")):
+        record_success(output_dir, overrides=overrides)  # one process writes results (as run() does)
     return summary.get("test/acc")
+
+
+def _fail(sentence: str) -> None:
+    print(f"fedlightning: error: {sentence}", file=sys.stderr)
+    sys.exit(1)
+
+
+def main() -> None:
+    """The console entry point: :func:`job` with its errors told in one sentence."""
+    if os.environ.get(FULL_ERROR) == "1":
+        job()
+        return
+    from fedlightning.jobs import error_sentence
+
+    # Hydra prints a composition error over several lines (or a traceback) and exits itself
+    # unless HYDRA_FULL_ERROR is set; set, it lets the error reach us.
+    os.environ[FULL_ERROR] = "1"
+    try:
+        job()
+    except (FedLightningError, HydraException, OmegaConfBaseException) as exc:
+        _fail(error_sentence(exc))
+    finally:
+        os.environ.pop(FULL_ERROR, None)
 
 
 if __name__ == "__main__":

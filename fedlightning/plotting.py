@@ -1,10 +1,15 @@
-"""Bits-vs-accuracy figures, for one run or overlaid across a sweep (``fedlightning-plot``)."""
+"""Bits-vs-accuracy figures, for one run or overlaid across a sweep (``fedlightning-plot``).
+
+The job folders that draw no curve (failed, killed, or without evaluations) are listed on
+stderr with the reason of each.
+"""
 
 from __future__ import annotations
 
 import argparse
 import csv
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +17,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+from fedlightning.jobs import failed_or_unfinished, skipped_report
 
 Curve = list[tuple[float, float]]
 
@@ -63,8 +70,17 @@ def sweep_labels(overrides: list[list[str] | None], names: list[str]) -> list[st
 
 
 def collect_curves(dirs: Sequence[str | Path]) -> dict[str, Curve]:
-    """Every run folder (one holding ``bits_vs_accuracy.csv``) under the given folders."""
-    paths = [p for top in dirs for p in sorted(Path(top).rglob("bits_vs_accuracy.csv"))]
+    """Every finished run folder (``bits_vs_accuracy.csv`` next to ``summary.json``) under ``dirs``.
+
+    A failed or killed job may have written part of its curve but no ``summary.json``: it is
+    left out (and listed by :func:`main`).
+    """
+    paths = [
+        p
+        for top in dirs
+        for p in sorted(Path(top).rglob("bits_vs_accuracy.csv"))
+        if (p.parent / "summary.json").is_file()
+    ]
     labels = sweep_labels([_run_overrides(p.parent) for p in paths], [p.parent.name for p in paths])
     curves: dict[str, Curve] = {}
     for csv_path, label in zip(paths, labels, strict=True):
@@ -80,6 +96,22 @@ def collect_curves(dirs: Sequence[str | Path]) -> dict[str, Curve]:
     return curves
 
 
+def unplotted_runs(dirs: Sequence[str | Path]) -> list[tuple[str, str]]:
+    """(folder, reason) for each finished run (a ``summary.json``) that draws no curve."""
+    left_out = []
+    for top in dirs:
+        for summary in sorted(Path(top).rglob("summary.json")):
+            csv_path = summary.parent / "bits_vs_accuracy.csv"
+            if not csv_path.is_file():
+                left_out.append((str(summary.parent), "no bits_vs_accuracy.csv"))
+                continue
+            with csv_path.open() as handle:
+                bits = [r.get("comm/uplink_bits_total") for r in csv.DictReader(handle)]
+            if not any(b and float(b) > 0 for b in bits):
+                left_out.append((str(summary.parent), "no evaluation with uplink bits > 0 (the x-axis is logarithmic)"))
+    return left_out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``fedlightning-plot DIR... -o FILE.png``: overlay runs (a multirun folder too)."""
     parser = argparse.ArgumentParser(description="Overlay accuracy against cumulative uplink bits for many runs.")
@@ -88,6 +120,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--title", default="", help="figure title")
     args = parser.parse_args(argv)
     curves = collect_curves(args.dirs)
+    unfinished = failed_or_unfinished(args.dirs)
+    left_out = unfinished + unplotted_runs(args.dirs)
+    if left_out:
+        total = len(unfinished) + len({p.parent for top in args.dirs for p in Path(top).rglob("summary.json")})
+        print(skipped_report(left_out, total), file=sys.stderr)
     if not curves:
         parser.exit(
             1, f"No bits_vs_accuracy.csv found under {', '.join(args.dirs)}; point at run or multirun folders.\n"

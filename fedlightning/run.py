@@ -28,10 +28,9 @@ from fedlightning.errors import ConfigError, FedLightningError
 from fedlightning.federated.channel import IncompatiblePayloadError
 from fedlightning.federated.rng import SERVER, stream_seed
 from fedlightning.models import build_model
+from fedlightning.schema import validate_config
 
 log = logging.getLogger("fedlightning")
-
-REQUIRED_KEYS = ("method", "model", "data", "partition", "sampler", "trainer", "rounds", "seed")
 
 
 def _build(node: Any, what: str, **kwargs: Any) -> Any:
@@ -56,21 +55,6 @@ def _user_errors(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise ConfigError(f"Could not build {what}: {exc}; check the keys under {what}.") from None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def validate_config(cfg: DictConfig) -> None:
-    """Check the top-level keys before any compute is spent."""
-    missing = [k for k in REQUIRED_KEYS if k not in cfg]
-    if missing:
-        raise ConfigError(f"The config lacks {', '.join(missing)}; compose it from configs/train.yaml.")
-    if int(cfg.rounds) < 1:
-        raise ConfigError(f"rounds must be at least 1 (got {cfg.rounds}).")
-    if cfg.get("clients_per_round") is not None and int(cfg.clients_per_round) < 1:
-        raise ConfigError(f"clients_per_round must be at least 1 (got {cfg.clients_per_round}).")
-    if int(cfg.data.get("num_clients", 1)) < 1:
-        raise ConfigError(f"data.num_clients must be at least 1 (got {cfg.data.num_clients}).")
-    if int(cfg.get("eval_every", 1)) < 1:
-        raise ConfigError(f"eval_every must be at least 1 (got {cfg.eval_every}).")
 
 
 def configure_threads(threads: int | None) -> int:
@@ -204,6 +188,7 @@ def run(
         trainer.test(module, verbose=False)  # resets callback_metrics: keep the fit metrics above
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if _is_scalar(v)})
         summary = {
+            "status": "completed",  # a failed job writes no summary.json (see fedlightning.jobs)
             "method": method_name,
             "data": data_name,
             "model": choices.get("model") or cfg.model.get("name"),

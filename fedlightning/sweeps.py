@@ -4,7 +4,9 @@
 reads every ``summary.json`` under ``DIR``, takes each axis from the run's command-line
 overrides (``method.d=10``) or, failing that, from the summary itself (``seed``), and prints
 a Markdown table whose cells are the mean ± standard deviation over the runs that share a
-row and a column (typically the seeds), with the number of runs when they differ.
+row and a column (typically the seeds), with the number of runs when they differ. The job
+folders left out of the table (failed, killed, or lacking an axis or the value) are listed on
+stderr with the reason of each.
 
 Example:
     >>> runs = [{"d": "1", "c": "8", "acc": 0.5}, {"d": "1", "c": "8", "acc": 0.7}, {"d": "10", "c": "8", "acc": 0.9}]
@@ -23,9 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from fedlightning.jobs import failed_or_unfinished, skipped_report
 
 __all__ = ["collect_runs", "markdown_table", "pivot"]
 
@@ -64,6 +69,21 @@ def pivot(runs: Iterable[dict[str, Any]], *, rows: str, cols: str, value: str) -
     return cells
 
 
+def why_left_out(run: dict[str, Any], *, rows: str, cols: str, value: str) -> str | None:
+    """Why :func:`pivot` leaves ``run`` out of the table, or None when it is in.
+
+    >>> why_left_out({"seed": 0, "acc": None}, rows="seed", cols="method.d", value="acc")
+    "lacks 'method.d' and has no numeric 'acc' (None)"
+    """
+    reasons = []
+    missing = [key for key in (rows, cols) if key not in run]
+    if missing:
+        reasons.append("lacks " + " and ".join(repr(key) for key in missing))
+    if not isinstance(run.get(value), int | float):
+        reasons.append(f"has no numeric {value!r} ({run.get(value)!r})")
+    return " and ".join(reasons) or None
+
+
 def _cell(values: list[float], digits: int, counts_differ: bool) -> str:
     if not values:
         return "–"
@@ -98,6 +118,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     runs = collect_runs(args.dirs)
     cells = pivot(runs, rows=args.rows, cols=args.cols, value=args.value)
+    unfinished = failed_or_unfinished(args.dirs)
+    left_out = unfinished + [
+        (str(run["run_dir"]), reason)
+        for run in runs
+        if (reason := why_left_out(run, rows=args.rows, cols=args.cols, value=args.value))
+    ]
+    if left_out:
+        print(skipped_report(left_out, len(runs) + len(unfinished)), file=sys.stderr)
     if not cells:
         parser.exit(
             1,

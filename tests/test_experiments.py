@@ -9,6 +9,7 @@ import pytest
 from omegaconf import DictConfig
 
 from fedlightning.run import run
+from fedlightning.schema import validate_config
 
 from .conftest import CONFIG_DIR
 
@@ -19,6 +20,7 @@ EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 def test_experiment_config_composes(make_config: Callable[..., DictConfig], name: str) -> None:
     cfg = make_config([f"+experiment={name}"])
     assert cfg.rounds >= 1 and "_target_" in cfg.method and "_target_" in cfg.data
+    validate_config(cfg)  # its keys and types pass the schema checked before every run
 
 
 @pytest.mark.parametrize(

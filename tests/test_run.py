@@ -129,23 +129,47 @@ def test_cli_prints_the_sentence_and_exits_1(tmp_path: Path) -> None:
     assert unknown.returncode != 0 and "method" in unknown.stderr and "fedavg" in unknown.stderr
 
 
-def test_multirun_runs_every_job_even_when_one_fails(tmp_path: Path) -> None:
+def test_multirun_runs_every_job_even_when_one_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Jobs 0 and 1 do not compose (method=fedavgg), job 2 fails in run(), job 3 completes.
     result = _cli(
         "-m",
+        "method=fedavgg,fedavg",
+        "data.num_clients=-1,4",
         "rounds=2",
-        "data.num_clients=4,-1,5",
         "logger=none",
         "trainer.enable_progress_bar=false",
         f"hydra.sweep.dir={tmp_path}",
         cwd=REPO_ROOT,
     )
-    assert result.returncode != 0  # the sweep reports its failure
-    assert (tmp_path / "0" / "summary.json").is_file()
-    assert not (tmp_path / "1" / "summary.json").exists()
-    assert (tmp_path / "2" / "summary.json").is_file()  # ran after the failed job
+    assert result.returncode == 1  # the sweep reports its failures
+    assert (tmp_path / "3" / "summary.json").is_file()  # ran after the failed jobs
+    assert json.loads((tmp_path / "3" / "summary.json").read_text())["status"] == "completed"
+    assert json.loads((tmp_path / "3" / "status.json").read_text())["status"] == "completed"
+    for job, sentence in [
+        ("0", "method=fedavgg is not a config in configs/method/ (did you mean method=fedavg?)"),
+        ("1", "method=fedavgg is not a config in configs/method/ (did you mean method=fedavg?)"),
+        ("2", "data.num_clients must be at least 1 (got -1)."),
+    ]:
+        folder = tmp_path / job
+        assert not (folder / "summary.json").exists()
+        status = json.loads((folder / "status.json").read_text())
+        assert status["status"] == "failed" and status["error"].startswith(sentence)
+        error = (folder / "error.txt").read_text()
+        assert error.startswith(sentence) and "Traceback (most recent call last)" in error
+        assert sentence in (folder / "cli.log").read_text()
+    listing = result.stderr.strip().splitlines()[-4:]
+    assert listing[0] == "fedlightning: error: 3 of 4 jobs failed (error.txt in each folder):"
+    assert [line.split()[:3] for line in listing[1:]] == [
+        ["#0", str(tmp_path / "0"), "[method=fedavgg"],
+        ["#1", str(tmp_path / "1"), "[method=fedavgg"],
+        ["#2", str(tmp_path / "2"), "[method=fedavg"],
+    ]
     out = tmp_path / "overlay.png"
     plot_main([str(tmp_path), "-o", str(out)])
     assert out.stat().st_size > 10_000
+    left_out = capsys.readouterr().err
+    assert "left out 3 of 4 job folders:" in left_out
+    assert f"{tmp_path / '2'}: failed: data.num_clients must be at least 1 (got -1)." in left_out
 
 
 def test_multirun_grid_of_seeds_and_partitions(tmp_path: Path) -> None:
@@ -204,6 +228,8 @@ def test_wheel_ships_the_configs(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "fedlightning/configs/train.yaml" in names
     assert "fedlightning/configs/method/fedavg.yaml" in names
+    assert "fedlightning/configs/hydra/sweeper/fedlightning.yaml" in names
+    assert "hydra_plugins/fedlightning_sweep.py" in names  # Hydra finds plugins only in this package
 
 
 @pytest.mark.parametrize("method", ["fedavgm", "fedadam", "fedyogi", "fedadagrad"])

@@ -1,0 +1,191 @@
+"""Job records: every run folder says whether its job completed or failed, and why.
+
+A job folder holds ``status.json`` (``{"status": "completed"}`` or ``{"status": "failed",
+"error": <one sentence>}``) and, when it failed, ``error.txt`` (the sentence, then the
+traceback); the sentence is also logged to the job's ``cli.log``. A failed job never writes
+``summary.json``, so nothing that reads results can take it for one; a completed job's
+``summary.json`` carries ``"status": "completed"``.
+
+In a multirun, the Hydra sweeper and launcher of ``hydra_plugins/fedlightning_sweep`` (selected in
+``configs/train.yaml``) keep going past a failed job, a job whose config does not even compose
+(``-m method=fedavgg,fedavg``) included, and end the sweep with :class:`SweepFailedError` listing
+the failed jobs, one line each.
+"""
+
+from __future__ import annotations
+
+import datetime
+import difflib
+import json
+import logging
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedlightning.errors import FedLightningError
+
+log = logging.getLogger("fedlightning")
+
+STATUS_FILE = "status.json"
+ERROR_FILE = "error.txt"
+#: Composition errors list a group's options up to this many, else the closest ones.
+MAX_OPTIONS = 30
+
+
+class SweepFailedError(FedLightningError):
+    """Some jobs of a multirun failed; the message lists them, one line each."""
+
+
+def error_sentence(exc: BaseException) -> str:
+    """The one sentence that explains ``exc`` to the user (ours, Hydra's, or any other)."""
+    if isinstance(exc, FedLightningError):
+        return str(exc)
+    try:
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        HydraException = OmegaConfBaseException = ()  # type: ignore[misc,assignment]
+    if isinstance(exc, HydraException | OmegaConfBaseException):
+        return hydra_error_sentence(exc)
+    text = " ".join(str(exc).split()) or "no message"
+    return f"{type(exc).__name__}: {text}"
+
+
+def hydra_error_sentence(exc: BaseException) -> str:
+    """One sentence for a Hydra composition or override error (Hydra's are several lines).
+
+    >>> from hydra.errors import MissingConfigException
+    >>> hydra_error_sentence(MissingConfigException("...", "method/fedavgg", ["diana", "fedavg"]))
+    'method=fedavgg is not a config in configs/method/ (did you mean method=fedavg?); choose one of diana, fedavg.'
+    """
+    from hydra.errors import MissingConfigException
+
+    missing = getattr(exc, "missing_cfg_file", None)
+    if isinstance(exc, MissingConfigException) and missing:
+        group, _, name = str(missing).rpartition("/")
+        options = list(exc.options or [])
+        if not options:
+            return f"Could not load the config {missing}; check that configs/{missing}.yaml exists."
+        match = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+        hint = f" (did you mean {group}={match[0]}?)" if match else ""
+        if len(options) > MAX_OPTIONS:
+            closest = difflib.get_close_matches(name, options, n=8, cutoff=0.3) or options[:8]
+            listing = f"the closest are {', '.join(closest)} (all {len(options)} in configs/{group}/)"
+        else:
+            listing = f"choose one of {', '.join(options)}"
+        return f"{group}={name} is not a config in configs/{group}/{hint}; {listing}."
+    lines = []
+    for line in str(exc).splitlines():
+        line = line.strip()
+        if line.startswith("Config search path"):
+            break
+        if line and not line.startswith("See https://"):
+            lines.append(line.rstrip("."))
+    cause = exc.__cause__
+    if cause is not None and "not in struct" in str(cause) and lines and lines[0].startswith("Could not override"):
+        key = lines[0].split("'")[1] if "'" in lines[0] else "the key"
+        return (
+            f"{key} is not a key of the config (a typo?); list the keys with `fedlightning --cfg job`, "
+            f"or add a new one with +{key}=... if its component takes it."
+        )
+    if not lines:
+        return f"{type(exc).__name__}: {cause or 'no message'}"
+    head, rest = lines[0], lines[1:]
+    return head + (f" ({'; '.join(rest)})" if rest else "") + "."
+
+
+def _timestamp() -> str:
+    return datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+
+
+def record_failure(
+    job_dir: str | Path, exc: BaseException, *, overrides: Sequence[str] = (), log_file: str | None = None
+) -> str:
+    """Write ``error.txt`` and ``status.json`` into ``job_dir`` and log the sentence; return it.
+
+    ``log_file`` (e.g. ``cli.log``) is appended to directly, for a job whose logging Hydra never
+    configured (its config did not compose); otherwise the ``fedlightning`` logger carries the
+    error into the job's log.
+    """
+    sentence = error_sentence(exc)
+    job_dir = Path(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    trace = "".join(traceback.format_exception(exc))
+    (job_dir / ERROR_FILE).write_text(f"{sentence}\n\n{trace}")
+    status = {"status": "failed", "error": sentence, "error_type": type(exc).__name__, "overrides": list(overrides)}
+    (job_dir / STATUS_FILE).write_text(json.dumps(status, indent=2) + "\n")
+    # The log gets the sentence only: Hydra's console handler shows the log too, and the user
+    # sees no traceback for an error they can fix (it is in error.txt).
+    where = f"{sentence} (traceback in {job_dir / ERROR_FILE})"
+    if log_file is not None:
+        with (job_dir / log_file).open("a") as handle:
+            handle.write(f"[{_timestamp()}][fedlightning][ERROR] - {where}\n")
+    else:
+        log.error("%s", where)
+    return sentence
+
+
+def record_success(job_dir: str | Path, *, overrides: Sequence[str] = ()) -> None:
+    """Write ``status.json`` with ``"status": "completed"`` into ``job_dir``."""
+    status = {"status": "completed", "overrides": list(overrides)}
+    Path(job_dir, STATUS_FILE).write_text(json.dumps(status, indent=2) + "\n")
+
+
+def read_status(job_dir: str | Path) -> dict[str, Any] | None:
+    """The job's ``status.json``, or None when it has none (or an unreadable one)."""
+    path = Path(job_dir, STATUS_FILE)
+    try:
+        status = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
+
+
+def job_folders(top: str | Path) -> list[Path]:
+    """The job folders under ``top`` (itself included): those holding a status, a summary or ``.hydra``."""
+    top = Path(top)
+    marks = (STATUS_FILE, "summary.json", ".hydra")
+    found = {p.parent for mark in marks for p in top.rglob(mark)}
+    if any((top / mark).exists() for mark in marks):
+        found.add(top)
+    return sorted(found)
+
+
+def sweep_failed(failures: Sequence[tuple[int, str, Sequence[str], str]], total: int) -> SweepFailedError:
+    """The end-of-sweep error: one line per failed job (number, folder, overrides, sentence)."""
+    lines = [f"{len(failures)} of {total} jobs failed (error.txt in each folder):"]
+    for num, folder, overrides, sentence in failures:
+        lines.append(f"  #{num} {folder} [{' '.join(overrides)}]: {sentence}")
+    return SweepFailedError("\n".join(lines))
+
+
+def failed_or_unfinished(dirs: Sequence[str | Path]) -> list[tuple[str, str]]:
+    """(folder, reason) for each job folder under ``dirs`` that holds no result.
+
+    A failed job gives its recorded sentence; a folder with neither ``summary.json`` nor a status
+    (a job killed or still running) says so.
+    """
+    found = []
+    for top in dirs:
+        for folder in job_folders(top):
+            if (folder / "summary.json").is_file():
+                continue
+            status = read_status(folder)
+            if status is not None and status.get("status") == "failed":
+                found.append((str(folder), f"failed: {status.get('error') or 'no error recorded'}"))
+            elif status is None or status.get("status") != "completed":
+                found.append((str(folder), "no summary.json and no status: killed or still running"))
+    return found
+
+
+def skipped_report(skipped: Sequence[tuple[str, str]], total: int) -> str:
+    """The lines that list the job folders a plot or table left out, with the reason of each.
+
+    >>> print(skipped_report([("sweep/1", "failed: rounds must be at least 1.")], 3))
+    left out 1 of 3 job folders:
+      sweep/1: failed: rounds must be at least 1.
+    """
+    lines = [f"left out {len(skipped)} of {total} job folders:"]
+    lines += [f"  {folder}: {reason}" for folder, reason in skipped]
+    return "\n".join(lines)

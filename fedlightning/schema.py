@@ -1,0 +1,404 @@
+"""Config schemas, checked before anything is built: wrong types, unknown keys and bad ranges.
+
+Two layers, one rule: every problem stops with one sentence naming the key and the fix
+(:class:`~fedlightning.errors.ConfigError`).
+
+* The top-level keys of ``configs/train.yaml`` have a typed dataclass schema, :class:`TrainSchema`
+  (the structured-config pattern of Hydra/OmegaConf: field types, defaults, and here also a
+  range per field). A key the schema does not declare (``+foo=1``) is refused with the closest
+  declared key.
+* Each group node (``method``, ``data``, ``partition``, ``sampler``, ``compressor``, ``downlink``,
+  ``trainer``, ``logger.*``, ``callbacks.*``, and nested nodes such as
+  ``method.client_optimizer``) is a ``_target_`` node: it is checked against the signature of its
+  target (:func:`inspect.signature`), so a key the constructor does not take is refused listing
+  the keys it does take, and a value is checked against simple annotations (``int``, ``float``,
+  ``bool``, ``str``, ``Literal``, ``Optional`` and unions of them). A target of this package
+  whose ``__init__`` takes ``**kwargs`` passes them to the next ``__init__`` of its MRO (the
+  convention of every method and data module here), so those keys are valid too; a third-party
+  target with ``**kwargs`` (``WandbLogger``) accepts any key.
+
+Why the signatures rather than one dataclass per target: the constructors already are the
+schema (their keyword-only, typed arguments), so a second copy would drift from them; a new
+method or compressor is covered the moment its config exists. Why the check runs after
+composition (:func:`validate_config`, called first thing by :func:`fedlightning.run.run`) rather
+than as a ConfigStore entry in the defaults list: every composer of ``train.yaml`` (tests,
+benchmarks, notebooks, each multirun job) gets it without registering anything first, and its
+errors surface in one place as a sentence, inside the job whose folder records them. The cost is
+what ``run`` pays anyway: the targets' modules are imported (``run`` imports them next to build
+them) and a signature is read per node; no object is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import importlib
+import inspect
+import os
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+
+from fedlightning.errors import ConfigError
+
+__all__ = ["GROUPS", "TrainSchema", "check_target_node", "close_match", "validate_config", "validate_top_level"]
+
+#: Config groups whose node is one ``_target_`` node.
+GROUPS = ("method", "data", "partition", "sampler", "compressor", "downlink", "trainer")
+#: Config groups whose node maps names to ``_target_`` nodes.
+NAMED_GROUPS = ("logger", "callbacks")
+#: Keys Hydra's ``instantiate`` reads itself.
+HYDRA_KEYS = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
+
+
+def _spec(example: str, meaning: str = "", minimum: int | None = None) -> dict[str, Any]:
+    return {"example": example, "meaning": meaning, "min": minimum}
+
+
+@dataclass
+class TrainSchema:
+    """The top-level keys of ``configs/train.yaml``: type, least value, an example, what it means.
+
+    A new top-level key of ``train.yaml`` is declared here too, else every run refuses it.
+    """
+
+    seed: int = field(default=0, metadata=_spec("seed=0", "the run seed", 0))
+    rounds: int = field(default=50, metadata=_spec("rounds=50", "the number of federated rounds", 1))
+    clients_per_round: int | None = field(
+        default=10, metadata=_spec("clients_per_round=10", "the cohort size of partial-participation samplers", 1)
+    )
+    eval_every: int = field(default=1, metadata=_spec("eval_every=1", "validation every k rounds", 1))
+    checkpoint_every: int = field(
+        default=10, metadata=_spec("checkpoint_every=10", "a checkpoint every k rounds, 0 for last.ckpt only", 0)
+    )
+    threads: int | None = field(default=1, metadata=_spec("threads=1", "torch threads per process, null to keep", 1))
+    ckpt_path: str | None = field(default=None, metadata=_spec("ckpt_path=null", "a checkpoint file to resume from"))
+    save_partition: bool = field(default=True, metadata=_spec("save_partition=true", "whether to write partition.json"))
+    callbacks: dict[str, Any] = field(default_factory=dict, metadata=_spec("callbacks={}", "named callback nodes"))
+    method: Any = None
+    model: Any = None
+    data: Any = None
+    partition: Any = None
+    sampler: Any = None
+    compressor: Any = None
+    downlink: Any = None
+    logger: Any = None
+    trainer: Any = None
+
+
+REQUIRED = ("method", "model", "data", "partition", "sampler", "trainer", "rounds", "seed")
+
+#: Unknown-key messages list the valid keys up to this many.
+MAX_LISTED = 16
+#: Cheap range rules by key name, applied to numbers anywhere in a group node.
+POSITIVE_KEYS = frozenset({"lr"})
+AT_LEAST_ONE_KEYS = frozenset({"batch_size", "num_clients", "local_epochs", "local_steps"})
+NON_NEGATIVE_KEYS = frozenset({"weight_decay", "momentum"})
+#: Keys that name a file to read: it must exist when set.
+FILE_KEYS = frozenset({"partition_file"})
+
+
+def close_match(word: str, choices: Iterable[str]) -> str | None:
+    """The closest of ``choices`` to ``word`` (``difflib``), if any is close.
+
+    >>> close_match("fedavgg", ["fedavg", "diana"])
+    'fedavg'
+    """
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    match = close_match(word, choices)
+    return f" (did you mean {match}?)" if match else ""
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Check a composed ``train.yaml`` config; raise :class:`ConfigError` at its first problem.
+
+    Order: required keys, top-level keys against :class:`TrainSchema`, the model preset name,
+    then each group node against its target's signature.
+    """
+    validate_top_level(cfg)
+    _check_model(cfg.get("model"))
+    for group in GROUPS:
+        node = _get(cfg, group, group)
+        if node is not None:
+            if not isinstance(node, DictConfig):
+                raise ConfigError(f"{group} must be a config node (got {node!r}); select one with {group}=<name>.")
+            if "_target_" in node:
+                check_target_node(node, group)
+    for group in NAMED_GROUPS:
+        node = _get(cfg, group, group)
+        if node is None:
+            continue
+        if not isinstance(node, DictConfig):
+            raise ConfigError(f"{group} must map names to config nodes (got {node!r}); see configs/{group}/.")
+        for name in map(str, node):
+            child = _get(node, name, f"{group}.{name}")
+            if isinstance(child, DictConfig) and "_target_" in child:
+                check_target_node(child, f"{group}.{name}")
+
+
+def validate_top_level(cfg: DictConfig) -> None:
+    """The top-level part of :func:`validate_config`: no import beyond OmegaConf (the CLI runs it first)."""
+    missing = [k for k in REQUIRED if k not in cfg]
+    if missing:
+        raise ConfigError(f"The config lacks {', '.join(missing)}; compose it from configs/train.yaml.")
+    _check_top_level(cfg)
+
+
+def _get(node: DictConfig, key: str, path: str) -> Any:
+    """``node[key]`` resolved; a missing ``???`` or a broken ``${...}`` becomes one sentence."""
+    try:
+        return node[key]
+    except MissingMandatoryValue:
+        raise ConfigError(f"{path} has no value (???); set it on the command line, e.g. {path}=...") from None
+    except InterpolationResolutionError as exc:
+        detail = str(exc).splitlines()[0]
+        raise ConfigError(f"{path} refers to a value that cannot be resolved ({detail}); fix the ${{...}}.") from None
+
+
+def _check_top_level(cfg: DictConfig) -> None:
+    fields = {f.name: f for f in dataclasses.fields(TrainSchema)}
+    for key in cfg:
+        key = str(key)
+        if key not in fields:
+            raise ConfigError(
+                f"{key} is not a top-level key of configs/train.yaml{_did_you_mean(key, fields)}; "
+                f"remove +{key}=... or put it under its group (e.g. method.{key}=...)."
+            )
+    hints = typing.get_type_hints(TrainSchema)
+    for name, spec in fields.items():
+        if name not in cfg or hints[name] is Any:
+            continue
+        value = _get(cfg, name, name)
+        example, meaning, minimum = spec.metadata["example"], spec.metadata["meaning"], spec.metadata["min"]
+        if not _matches(value, hints[name]):
+            kind = _describe(hints[name])
+            raise ConfigError(f"{name} ({meaning}) must be {kind} (got {_show(value)}); set e.g. {example}.")
+        if minimum is not None and isinstance(value, int) and value < minimum:
+            raise ConfigError(f"{name} ({meaning}) must be at least {minimum} (got {value}); set e.g. {example}.")
+
+
+def _check_model(node: Any) -> None:
+    if not isinstance(node, DictConfig) or "name" not in node:
+        return
+    from fedlightning.models.presets import PRESETS
+
+    name = node.get("name")
+    if name not in PRESETS:
+        raise ConfigError(
+            f"model={name} is not a model preset{_did_you_mean(str(name), PRESETS)}; "
+            f"choose one of {', '.join(PRESETS)}."
+        )
+
+
+def _locate(path: str, where: str) -> Any:
+    """The object at a dotted ``_target_`` path (the longest importable module, then attributes)."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            break
+        return obj
+    raise ConfigError(f"{where}._target_={path} cannot be imported; check its spelling.")
+
+
+def _takes_kwargs(fn: Callable[..., Any]) -> bool:
+    try:
+        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+
+
+def _parameters(target: Any) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bool]:
+    """The keyword parameters of ``target``, their type hints, and whether any key is accepted.
+
+    A class contributes the ``__init__`` of each class of its MRO for as long as they take
+    ``**kwargs`` and belong to this package (they forward them to the next ``__init__``).
+    """
+    functions: list[Callable[..., Any]] = []
+    accepts_any = False
+    if inspect.isclass(target):
+        for klass in target.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None:
+                continue
+            if klass is object:
+                break
+            functions.append(init)
+            if not _takes_kwargs(init):
+                break
+            if not klass.__module__.startswith("fedlightning."):
+                accepts_any = True  # a third-party **kwargs: any key may be valid
+                break
+    else:
+        functions.append(target)
+        accepts_any = _takes_kwargs(target) and not getattr(target, "__module__", "").startswith("fedlightning.")
+    params: dict[str, inspect.Parameter] = {}
+    hints: dict[str, Any] = {}
+    for fn in functions:
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return params, hints, True
+        try:
+            fn_hints = typing.get_type_hints(fn)
+        except Exception:  # an annotation that cannot be evaluated: check the keys only
+            fn_hints = {}
+        for name, parameter in signature.parameters.items():
+            if parameter.kind in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL):
+                continue
+            if name == "self" or name in params:
+                continue
+            params[name] = parameter
+            if name in fn_hints:
+                # A subclass may intercept an inherited key from **kwargs and take null for it
+                # (FedPM fixes Zampling's d): null is let through for inherited keys.
+                hints[name] = fn_hints[name] if fn is functions[0] else typing.Optional[fn_hints[name]]  # noqa: UP045
+    return params, hints, accepts_any
+
+
+def check_target_node(node: DictConfig, where: str) -> None:
+    """Check one ``_target_`` node (and its nested ones) against its target's signature.
+
+    >>> from omegaconf import OmegaConf
+    >>> check_target_node(OmegaConf.create({"_target_": "fedlightning.datamodules.partition.DirichletPartition",
+    ...                                      "alfa": 0.5}), "partition")
+    Traceback (most recent call last):
+    ...
+    fedlightning.errors.ConfigError: partition has no key alfa (did you mean alpha?); DirichletPartition takes alpha.
+    """
+    target_path = _get(node, "_target_", f"{where}._target_")
+    if not isinstance(target_path, str):
+        raise ConfigError(f"{where}._target_ must be a dotted class path (got {target_path!r}).")
+    target = _locate(target_path, where)
+    params, hints, accepts_any = _parameters(target)
+    valid = [name for name in params if name not in ("model", "datamodule", "params")]
+    for key in node:
+        key = str(key)
+        if key in HYDRA_KEYS:
+            continue
+        path = f"{where}.{key}"
+        if key not in params and not accepts_any:
+            if not valid:
+                listing = "no keys"
+            elif len(valid) <= MAX_LISTED:
+                listing = ", ".join(valid)
+            else:
+                listing = f"{len(valid)} keys (see the arguments of {target_path})"
+            raise ConfigError(
+                f"{where} has no key {key}{_did_you_mean(key, valid)}; {target.__name__} takes {listing}."
+            )
+        value = _get(node, key, path)
+        if isinstance(value, DictConfig) and "_target_" in value:
+            check_target_node(value, path)
+            continue
+        if key in hints and not _matches(value, hints[key]):
+            kind = _describe(hints[key])
+            raise ConfigError(f"{path} must be {kind} (got {_show(value)}){_default_hint(path, params[key])}.")
+        _check_range(key, value, path)
+
+
+def _default_hint(path: str, parameter: inspect.Parameter) -> str:
+    """``"; its default is path=value"`` when the parameter has a plain default, else nothing."""
+    default = parameter.default
+    if default is inspect.Parameter.empty or default is None or not isinstance(default, str | int | float | bool):
+        return ""
+    shown = default if isinstance(default, str) else _show(default)
+    return f"; its default is {path}={shown}"
+
+
+def _check_range(key: str, value: Any, path: str) -> None:
+    if key in FILE_KEYS and isinstance(value, str) and value and not Path(value).is_file():
+        raise ConfigError(f"{path}={value} does not exist; point it at a saved file (e.g. partition.json) or unset it.")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if key in POSITIVE_KEYS and not value > 0:
+        raise ConfigError(f"{path} must be positive (got {value}); set e.g. {path}=0.01.")
+    if key in AT_LEAST_ONE_KEYS and value < 1:
+        raise ConfigError(f"{path} must be at least 1 (got {value}).")
+    if key in NON_NEGATIVE_KEYS and value < 0:
+        raise ConfigError(f"{path} must be non-negative (got {value}).")
+
+
+# --- annotations -------------------------------------------------------------------------------
+
+_PRIMITIVES = (str, int, float, bool, type(None))
+_SIMPLE = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    origin = typing.get_origin(annotation)
+    if origin is Union or isinstance(annotation, types.UnionType):
+        return tuple(m for a in typing.get_args(annotation) for m in _members(a))
+    return (annotation,)
+
+
+def _verdict(value: Any, annotation: Any) -> bool | None:
+    """True: ``value`` fits; False: it cannot; None: the annotation is not one we check."""
+    if annotation is Any or annotation is object:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return value in typing.get_args(annotation)
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if annotation in (Path, os.PathLike) or (inspect.isclass(annotation) and issubclass(annotation, Path)):
+        return isinstance(value, str)
+    base = origin or annotation
+    if base in (dict, Mapping, typing.MutableMapping):
+        return isinstance(value, DictConfig | dict) or None
+    if base in (list, tuple, set, frozenset, Sequence, typing.MutableSequence):
+        return isinstance(value, ListConfig | list | tuple) or None
+    if inspect.isclass(base) and not issubclass(base, enum.Enum) and isinstance(value, _PRIMITIVES):
+        return isinstance(value, base)  # a yaml scalar is never e.g. a Tensor; an Enum may be parsed
+    return None
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` may be passed for ``annotation``; unknown annotations never refuse."""
+    verdicts = [_verdict(value, member) for member in _members(annotation)]
+    return any(v is None or v for v in verdicts)
+
+
+def _describe(annotation: Any) -> str:
+    parts = []
+    for member in _members(annotation):
+        if typing.get_origin(member) is Literal:
+            parts.append("one of " + ", ".join(repr(a) for a in typing.get_args(member)))
+        elif member in _SIMPLE:
+            parts.append(_SIMPLE[member])
+        else:
+            parts.append(getattr(member, "__name__", str(member)))
+    return " or ".join(dict.fromkeys(parts))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, DictConfig | ListConfig):
+        return str(OmegaConf.to_container(value))
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return repr(value) if isinstance(value, str) else str(value)

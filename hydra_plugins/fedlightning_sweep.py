@@ -1,0 +1,147 @@
+"""Hydra sweeper and launcher of fedlightning: a failed job is recorded and the sweep goes on.
+
+Hydra finds plugins only in the ``hydra_plugins`` namespace package, hence this module; the
+records themselves are written by :mod:`fedlightning.jobs`. Selected in ``configs/train.yaml``
+(``override hydra/sweeper: fedlightning``, ``override hydra/launcher: fedlightning``).
+
+Hydra's basic sweeper composes every job before launching any (so one job whose config does
+not compose aborts the sweep) and re-raises the first failed job's error; the basic launcher
+stops at a job whose config does not compose. Here each job composes in the launcher, a job
+that cannot is recorded in its own folder as failed, and the sweeper raises
+:class:`fedlightning.jobs.SweepFailedError` listing every failed job once all have run.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from omegaconf import OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RecordedJobReturn(JobReturn):
+    """A job's result whose failure is already on record: reading it does not raise."""
+
+    @property  # type: ignore[override]
+    def return_value(self) -> Any:
+        return self._return_value
+
+    @return_value.setter
+    def return_value(self, value: Any) -> None:
+        self._return_value = value
+
+
+def _recorded(ret: JobReturn) -> JobReturn:
+    if ret.status != JobStatus.FAILED:
+        return ret
+    return RecordedJobReturn(
+        overrides=ret.overrides,
+        cfg=ret.cfg,
+        hydra_cfg=ret.hydra_cfg,
+        working_dir=ret.working_dir,
+        task_name=ret.task_name,
+        status=ret.status,
+        _return_value=ret._return_value,
+    )
+
+
+def _job_dir(ret: JobReturn) -> str:
+    """The job's output folder (``working_dir`` is the process's cwd unless Hydra changed into it)."""
+    if ret.hydra_cfg is not None:
+        output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir")
+        if output_dir:
+            return str(output_dir)
+    return str(ret.working_dir)
+
+
+class FedLightningLauncher(BasicLauncher):
+    """Runs the jobs one after another in this process; a job that fails to compose is recorded."""
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        assert self.hydra_context is not None and self.config is not None and self.task_function is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        log.info(f"Launching {len(job_overrides)} jobs locally")
+        results: list[JobReturn] = []
+        for offset, overrides in enumerate(job_overrides):
+            num = initial_job_idx + offset
+            log.info(f"\t#{num} : {' '.join(filter_overrides(overrides))}")
+            try:
+                job_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            except Exception as exc:  # recorded in the job's folder; the other jobs still run
+                results.append(self._composition_failure(num, overrides, exc))
+                continue
+            with open_dict(job_config):
+                job_config.hydra.job.id = num
+                job_config.hydra.job.num = num
+            ret = run_job(
+                hydra_context=self.hydra_context,
+                task_function=self.task_function,
+                config=job_config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
+            results.append(_recorded(ret))
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return results
+
+    def _composition_failure(self, num: int, overrides: Sequence[str], exc: Exception) -> JobReturn:
+        from fedlightning.jobs import record_failure
+
+        assert self.config is not None
+        job_dir = Path(str(self.config.hydra.sweep.dir)) / self._subdir(num)
+        name = str(self.config.hydra.job.get("name") or "job")
+        sentence = record_failure(job_dir, exc, overrides=list(overrides), log_file=f"{name}.log")
+        log.error(f"\t#{num} failed before it started: {sentence}")
+        return RecordedJobReturn(
+            overrides=list(overrides),
+            working_dir=str(job_dir),
+            task_name=name,
+            status=JobStatus.FAILED,
+            _return_value=exc,
+        )
+
+    def _subdir(self, num: int) -> str:
+        """The job's sub-folder as the sweep config names it (``${hydra.job.num}`` by default)."""
+        assert self.config is not None
+        config = copy.deepcopy(self.config)
+        try:
+            with open_dict(config):
+                config.hydra.job.num = num
+                config.hydra.job.id = num
+            return str(config.hydra.sweep.subdir)
+        except Exception:  # a subdir that needs the job's own config: fall back to its number
+            return str(num)
+
+
+class FedLightningSweeper(BasicSweeper):
+    """Hydra's basic grid sweeper that runs every job and reports all failures at the end."""
+
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        """Nothing here: each job composes in the launcher, which records the ones that cannot."""
+
+    def sweep(self, arguments: list[str]) -> Any:
+        from fedlightning.jobs import error_sentence, sweep_failed
+
+        returns = super().sweep(arguments)
+        jobs = [ret for batch in returns for ret in batch]
+        shared = set.intersection(*(set(ret.overrides or []) for ret in jobs)) if len(jobs) > 1 else set()
+        failures = [
+            (num, _job_dir(ret), [o for o in ret.overrides or [] if o not in shared], error_sentence(ret._return_value))
+            for num, ret in enumerate(jobs)
+            if ret.status == JobStatus.FAILED
+        ]
+        if failures:
+            raise sweep_failed(failures, len(jobs))
+        return returns

@@ -1,0 +1,221 @@
+"""The catalogue of bad inputs: each stops before compute with one sentence naming the key and the fix.
+
+Most cases run in-process: composition (Hydra's own refusals, told as one sentence by
+:func:`fedlightning.jobs.error_sentence`), the schema (:func:`fedlightning.schema.validate_config`)
+or :func:`fedlightning.run.run` itself. The command maps each of them to exit status 1 and the
+sentence as its last stderr line, which the CLI cases at the end check on three of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+
+from fedlightning.errors import ConfigError, FedLightningError
+from fedlightning.jobs import error_sentence
+from fedlightning.run import run
+from fedlightning.schema import validate_config
+
+from .conftest import CONFIG_DIR, QUIET, REPO_ROOT
+
+Composer = Callable[[list[str]], DictConfig]
+
+# (overrides, fragments the sentence must hold: the key, then the fix)
+COMPOSE_CASES = {
+    "unknown method": (["method=fedavgg"], ["method=fedavgg is not a config", "did you mean method=fedavg?"]),
+    "unknown data": (["data=mnistt"], ["data=mnistt is not a config", "did you mean data=mnist?", "choose one of"]),
+    "unknown experiment": (
+        ["+experiment=compresion_mnist"],
+        ["experiment=compresion_mnist is not a config", "compression_mnist", "configs/experiment/"],
+    ),
+    "unknown compressor": (["compressor=topk"], ["compressor=topk", "did you mean compressor=top_k?"]),
+    "top-level key without +": (["foo=1"], ["foo is not a key of the config", "+foo=..."]),
+    "group key without +": (["method.lcoal_epochs=2"], ["method.lcoal_epochs is not a key", "--cfg job"]),
+    "malformed override": (["rounds=="], ["rounds==", "Error parsing override"]),
+}
+
+SCHEMA_CASES = {
+    "rounds not a number": (
+        ["rounds=abc"],
+        ["rounds (the number of federated rounds) must be an integer (got 'abc')", "e.g. rounds=50"],
+    ),
+    "rounds fractional": (
+        ["rounds=2.5"],
+        ["rounds (the number of federated rounds) must be an integer (got 2.5)", "e.g. rounds=50"],
+    ),
+    "rounds boolean": (["rounds=true"], ["must be an integer (got true)"]),
+    "rounds zero": (["rounds=0"], ["rounds", "must be at least 1 (got 0)", "e.g. rounds=50"]),
+    "rounds negative": (["rounds=-5"], ["rounds", "must be at least 1 (got -5)"]),
+    "threads zero": (["threads=0"], ["threads", "must be at least 1 (got 0)", "e.g. threads=1"]),
+    "threads text": (["threads=two"], ["threads", "must be an integer or null (got 'two')", "e.g. threads=1"]),
+    "checkpoint_every negative": (["checkpoint_every=-1"], ["checkpoint_every", "at least 0", "checkpoint_every=10"]),
+    "checkpoint_every fractional": (["checkpoint_every=1.5"], ["checkpoint_every", "must be an integer (got 1.5)"]),
+    "eval_every zero": (["eval_every=0"], ["eval_every", "must be at least 1", "e.g. eval_every=1"]),
+    "eval_every text": (["eval_every=abc"], ["eval_every", "must be an integer (got 'abc')"]),
+    "seed negative": (["seed=-1"], ["seed", "must be at least 0", "e.g. seed=0"]),
+    "seed fractional": (["seed=0.5"], ["seed", "must be an integer (got 0.5)", "e.g. seed=0"]),
+    "clients_per_round zero": (["clients_per_round=0"], ["clients_per_round", "at least 1", "clients_per_round=10"]),
+    "clients_per_round text": (
+        ["clients_per_round=ten"],
+        ["clients_per_round", "must be an integer or null (got 'ten')"],
+    ),
+    "boolean as text": (
+        ["save_partition=maybe"],
+        ["save_partition", "must be true or false (got 'maybe')", "save_partition=true"],
+    ),
+    "boolean as number": (["save_partition=1"], ["save_partition", "must be true or false (got 1)"]),
+    "ckpt_path as number": (["ckpt_path=3"], ["ckpt_path", "must be a string or null (got 3)"]),
+    "unknown top-level key": (["+foo=1"], ["foo is not a top-level key", "remove +foo=..."]),
+    "misspelt top-level key": (["+roundz=3"], ["roundz is not a top-level key", "did you mean rounds?"]),
+    "client lr negative": (["method.client_optimizer.lr=-1"], ["method.client_optimizer.lr must be positive", "e.g."]),
+    "client lr zero": (["method.client_optimizer.lr=0"], ["method.client_optimizer.lr must be positive"]),
+    "server lr negative": (["method.server_optimizer.lr=-0.1"], ["method.server_optimizer.lr must be positive"]),
+    "momentum negative": (
+        ["method.client_optimizer.momentum=-0.5"],
+        ["client_optimizer.momentum must be non-negative"],
+    ),
+    "batch_size zero": (["method.batch_size=0"], ["method.batch_size must be at least 1"]),
+    "batch_size text": (
+        ["method.batch_size=abc"],
+        ["method.batch_size must be an integer (got 'abc')", "its default is method.batch_size=32"],
+    ),
+    "local_epochs zero": (["method.local_epochs=0"], ["method.local_epochs must be at least 1"]),
+    "local_steps fractional": (["method.local_steps=2.5"], ["method.local_steps must be an integer or null (got 2.5)"]),
+    "aggregation unknown": (
+        ["method.aggregation=foo"],
+        ["method.aggregation must be one of 'normalised', 'unbiased' (got 'foo')"],
+    ),
+    "unknown method key": (
+        ["+method.lcoal_epochs=2"],
+        ["method has no key lcoal_epochs", "did you mean local_epochs?"],
+    ),
+    "unknown optimiser key": (["+method.client_optimizer.lrr=0.1"], ["client_optimizer has no key lrr", "mean lr?"]),
+    "unknown data key": (["+data.rooot=/tmp"], ["data has no key rooot", "did you mean root?"]),
+    "num_clients text": (
+        ["data.num_clients=abc"],
+        ["data.num_clients must be an integer (got 'abc')", "default is data.num_clients=10"],
+    ),
+    "num_clients zero": (["data.num_clients=0"], ["data.num_clients must be at least 1"]),
+    "val_fraction text": (["data.val_fraction=abc"], ["data.val_fraction must be a number (got 'abc')"]),
+    "missing partition file": (
+        ["+data.partition_file=/nonexistent/partition.json"],
+        ["data.partition_file=/nonexistent/partition.json does not exist", "or unset it"],
+    ),
+    "unknown partition key": (["+partition.alfa=1"], ["partition has no key alfa", "did you mean alpha?"]),
+    "key of another partition": (["partition=iid", "+partition.alpha=0.5"], ["partition has no key alpha", "no keys"]),
+    "unknown compressor key": (
+        ["compressor=top_k", "+compressor.compressor.fractio=0.1"],
+        ["compressor.compressor has no key fractio", "did you mean fraction?"],
+    ),
+    "compressor boolean as text": (
+        ["compressor=top_k", "compressor.error_feedback=maybe"],
+        ["compressor.error_feedback must be true or false (got 'maybe')"],
+    ),
+    "unknown sampler key": (["sampler=uniform", "+sampler.clients=3"], ["sampler has no key clients"]),
+    "unknown downlink key": (["downlink=qsgd", "+downlink.compressor.levels=4"], ["downlink.compressor has no key"]),
+    "unknown trainer key": (["+trainer.max_epoch=3"], ["trainer has no key max_epoch", "did you mean max_epochs?"]),
+    "unknown logger key": (["logger=csv", "+logger.csv.nme=x"], ["logger.csv has no key nme", "did you mean name?"]),
+    "unknown model preset": (["model.name=mlpp"], ["model=mlpp is not a model preset", "did you mean mlp?"]),
+    "target that does not import": (["method._target_=fedlightning.methods.NoSuch"], ["method._target_", "spelling"]),
+}
+
+RUN_CASES = {
+    "wrong data.root": (["data=mnist", "data.root=/nonexistent/folder", "model=mnistfc"], ["data.root"]),
+    "cohort larger than the federation": (
+        ["sampler=uniform", "clients_per_round=50"],
+        ["clients_per_round=50 exceeds data.num_clients=10", "lower clients_per_round"],
+    ),
+    "negative Dirichlet alpha": (["partition.alpha=-1"], ["partition.alpha"]),
+    "model for other inputs": (["model=mnistfc"], ["model=mnistfc expects 784 input features"]),
+}
+
+
+@pytest.fixture(scope="module")
+def composer() -> Iterator[Composer]:
+    """Compose ``train.yaml`` with overrides (one Hydra initialisation for the whole catalogue)."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        yield lambda overrides: compose(config_name="train", overrides=[*QUIET, *overrides])
+
+
+def _assert_one_sentence(text: str, fragments: list[str], *, full_stop: bool = True) -> None:
+    assert "\n" not in text.strip(), text
+    assert not full_stop or text.rstrip().endswith((".", "?")), text
+    for fragment in fragments:
+        assert fragment in text, (fragment, text)
+
+
+def test_the_catalogue_holds_at_least_40_cases() -> None:
+    assert len(COMPOSE_CASES) + len(SCHEMA_CASES) + len(RUN_CASES) >= 40
+
+
+@pytest.mark.parametrize(("overrides", "fragments"), COMPOSE_CASES.values(), ids=COMPOSE_CASES)
+def test_config_that_does_not_compose_is_told_in_one_sentence(
+    composer: Composer, overrides: list[str], fragments: list[str]
+) -> None:
+    with pytest.raises(HydraException) as info:
+        composer(overrides)
+    _assert_one_sentence(error_sentence(info.value), fragments)
+
+
+@pytest.mark.parametrize(("overrides", "fragments"), SCHEMA_CASES.values(), ids=SCHEMA_CASES)
+def test_schema_refuses_before_compute(composer: Composer, overrides: list[str], fragments: list[str]) -> None:
+    cfg = composer(overrides)
+    with pytest.raises(ConfigError) as info:
+        validate_config(cfg)
+    _assert_one_sentence(str(info.value), fragments)
+
+
+def test_run_checks_the_schema_before_building_anything(composer: Composer, tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"^rounds \(the number of federated rounds\) must be an integer \(got 2\.5\)"
+    ):
+        run(composer(["rounds=2.5"]), tmp_path)
+    assert not (tmp_path / "partition.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(("overrides", "fragments"), RUN_CASES.values(), ids=RUN_CASES)
+def test_run_refuses_before_training(
+    composer: Composer, tmp_path: Path, overrides: list[str], fragments: list[str]
+) -> None:
+    with pytest.raises(FedLightningError) as info:
+        run(composer(["rounds=1", *overrides]), tmp_path)
+    _assert_one_sentence(str(info.value), fragments, full_stop=False)  # constructors' own sentences
+    assert not (tmp_path / "summary.json").exists()
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    cmd = [sys.executable, "-m", "fedlightning.cli", *QUIET, *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        (["method=fedavgg"], ["method=fedavgg is not a config", "did you mean method=fedavg?"]),
+        (["rounds=abc"], ["rounds (the number of federated rounds) must be an integer (got 'abc')", "e.g. rounds=50"]),
+    ],
+    ids=["composition", "schema"],
+)
+def test_cli_exits_1_with_the_sentence_as_its_last_line(
+    tmp_path: Path, overrides: list[str], fragments: list[str]
+) -> None:
+    result = _cli(*overrides, f"hydra.run.dir={tmp_path / 'run'}", cwd=REPO_ROOT)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("fedlightning: error: "), result.stderr[-2000:]
+    _assert_one_sentence(last, fragments)
+    assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
+    if (tmp_path / "run").exists():  # the job started (its config composed): its folder keeps the record
+        assert (tmp_path / "run" / "error.txt").read_text().startswith(last.removeprefix("fedlightning: error: "))
+        assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"
