@@ -267,7 +267,7 @@ def test_a_nonfinite_upload_is_quarantined_and_the_aggregate_is_that_of_the_othe
 def test_on_nonfinite_client_stop_ends_the_run_naming_the_client_and_round() -> None:
     module = _fedavg(digits_federation(3), method=_PoisonsClient)
     with pytest.raises(
-        DivergenceError, match=r"Client 1 and 0 other client\(s\) produced non-finite updates in round 0"
+        DivergenceError, match=r"^Client 1 produced a non-finite update in round 0; lower the client learning rate"
     ):
         _fit(module, [FullParticipation(), DivergenceGuard(on_nonfinite_client="stop")])
 
@@ -330,3 +330,32 @@ def test_bernoulli_draws_are_pure_functions_of_the_stream() -> None:
         bernoulli(seed=3, round_idx=r, client_id=c, purpose="x", probability=0.5) for r in range(20) for c in range(5)
     ]
     assert draws == again and 20 < sum(draws) < 80
+
+
+# ---------------------------------------------------------------------------- real data (slow)
+@pytest.mark.slow
+def test_twenty_percent_dropout_on_mnist_keeps_fedavg_within_one_point_and_is_counted(
+    shared_data_root: Path, make_config: Callable[..., DictConfig], tmp_path: Path
+) -> None:
+    base = [
+        "data=mnist",
+        f"data.root={shared_data_root}",
+        "model=mnistfc",
+        "partition=iid",
+        "data.num_clients=10",
+        "sampler=full",
+        "rounds=10",
+    ]
+    plain = run(make_config(base), tmp_path / "plain")
+    lossy = run(make_config([*base, "failures=dropout", "failures.dropout=0.2"]), tmp_path / "dropout")
+    expected = sum(_drawn(r, c, 0.2) for r in range(10) for c in range(10))
+    print(
+        f"no drop-out: test/acc {plain['test/acc']:.4f}; 20% drop-out: test/acc {lossy['test/acc']:.4f}, "
+        f"dropped {lossy['failures/dropped_total']} of 100 uploads, uplink messages {lossy['comm/uplink_messages']}, "
+        f"downlink messages {lossy['comm/downlink_messages']}, "
+        f"wall {plain['time/wall_s']:.0f} s / {lossy['time/wall_s']:.0f} s"
+    )
+    assert lossy["failures/dropped_total"] == expected > 0
+    assert lossy["comm/uplink_messages"] == 100 - expected and lossy["comm/downlink_messages"] == 100
+    assert lossy["failures/rounds_skipped_total"] == 0 and lossy["failures/quarantined_total"] == 0
+    assert abs(lossy["test/acc"] - plain["test/acc"]) <= 0.01

@@ -10,7 +10,9 @@ The round engine (:class:`~fedlightning.federated.module.FederatedModule`) check
 * the reduced aggregate, and the server state after the server step: non-finite stops;
 * the round's training loss and every validation/test loss: non-finite, or more than
   ``max_loss_ratio`` times the loss at the start (the mean loss of the initial global model on
-  each first-round client's first mini-batch), stops.
+  each first-round client's first mini-batch, or the first round's mean loss for methods that
+  train without the engine's ``local_train``; saved in checkpoints; a run resumed from a
+  checkpoint without it checks for non-finite values only), stops.
 
 Stopping raises :class:`DivergenceError`, whose message names the likely key: the client
 learning rate (or ``method.max_grad_norm``) when clients diverged, the server learning rate

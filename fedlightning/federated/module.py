@@ -19,6 +19,12 @@ The engine owns the round and runs it as named phases (callback hooks in
    of this step); methods that compute their new server state (``sets_server_state = True``)
    set it in :meth:`~FederatedModule.set_server_state`.
 
+Phases 2 to 6 form one attempt; a callback's ``round_verdict`` may have the round attempted
+again (client state rolled back) or skipped (failure injection:
+:mod:`fedlightning.federated.failures`). Every phase is guarded against divergence
+(:mod:`fedlightning.federated.divergence`): a non-finite client update is quarantined, a
+non-finite or exploding loss, aggregate or server state stops the run with one sentence.
+
 Processes (Lightning DDP): client ``i`` is always trained by process ``i mod world_size``, so
 its per-client state stays on one process; the cohort and every random stream depend on
 (seed, round, client, purpose) only, never on the number of processes.
@@ -558,7 +564,7 @@ class FederatedModule(L.LightningModule):
         rnd.aggregator = self.make_aggregator(rnd.round_idx)
         rnd.stats = torch.zeros(_METRICS + len(self.client_metric_names), dtype=torch.float64)
         rnd.quarantined = []
-        measure_start = self._start_loss is None
+        measure_start = self._start_loss is None and rnd.round_idx == 0  # the initial model's loss
         self._start_acc = torch.zeros(2, dtype=torch.float64, device=self.device) if measure_start else None
         buffered: list[tuple[int, ClientResult]] = []
         for client_id in self.share_of(rnd.cohort):
@@ -586,12 +592,14 @@ class FederatedModule(L.LightningModule):
     def _quarantine(self, rnd: _Round, client_id: int, loss: float) -> None:
         rnd.stats[_QUARANTINED] += 1
         rnd.quarantined.append(client_id)
+        stop = self.divergence.on_nonfinite_client == "stop"
         log.warning(
-            "Round %d: client %d produced a non-finite update (loss %.4g); quarantined: not aggregated (%s).",
+            "Round %d: client %d produced a non-finite update (loss %.4g); %s (divergence.on_nonfinite_client=%s).",
             rnd.round_idx,
             client_id,
             loss,
-            "the run stops" if self.divergence.on_nonfinite_client == "stop" else "divergence.on_nonfinite_client",
+            "the run stops" if stop else "it is quarantined, not aggregated",
+            self.divergence.on_nonfinite_client,
         )
 
     def _check_attempt(self, rnd: _Round) -> None:
@@ -600,12 +608,14 @@ class FederatedModule(L.LightningModule):
         self._quarantined_total += quarantined
         if quarantined and (self.divergence.on_nonfinite_client == "stop" or trained == 0):
             first = min(self._gather_ids(rnd.quarantined))
-            others = "all other clients" if trained == 0 else f"{quarantined - 1} other client(s)"
-            raise DivergenceError(
-                f"Client {first} and {others} produced non-finite updates in round {rnd.round_idx}; "
-                f"{self._divergence_fix('clients')}."
-            )
-        if self._start_loss is None and trained:
+            if trained == 0 and quarantined > 1:
+                who = f"Client {first} and all other clients produced non-finite updates"
+            elif quarantined > 1:
+                who = f"Client {first} and {quarantined - 1} other client(s) produced non-finite updates"
+            else:
+                who = f"Client {first} produced a non-finite update"
+            raise DivergenceError(f"{who} in round {rnd.round_idx}; {self._divergence_fix('clients')}.")
+        if self._start_loss is None and trained and rnd.round_idx == 0:
             count = float(rnd.stats[_START_COUNT])
             start = float(rnd.stats[_START_SUM]) / count if count else float(rnd.stats[_LOSS]) / trained
             self._start_loss = start if math.isfinite(start) and start > 0 else None
@@ -666,8 +676,9 @@ class FederatedModule(L.LightningModule):
         """Stop when the global model's held-out loss is non-finite or exploded."""
         if exploded(loss=loss, start=self._start_loss, max_ratio=self.divergence.max_loss_ratio):
             start = "" if self._start_loss is None else f" against {self._start_loss:.4g} at the start"
+            when = f"after round {self.global_step - 1}" if self.global_step else "before training"
             raise DivergenceError(
-                f"Training diverged by round {self.global_step}: the global model's {what} loss is "
+                f"Training diverged {when}: the global model's {what} loss is "
                 f"{loss:.4g}{start}; {self._divergence_fix('server')}."
             )
 
