@@ -359,3 +359,28 @@ def test_twenty_percent_dropout_on_mnist_keeps_fedavg_within_one_point_and_is_co
     assert lossy["comm/uplink_messages"] == 100 - expected and lossy["comm/downlink_messages"] == 100
     assert lossy["failures/rounds_skipped_total"] == 0 and lossy["failures/quarantined_total"] == 0
     assert abs(lossy["test/acc"] - plain["test/acc"]) <= 0.01
+
+
+@pytest.mark.slow
+def test_two_processes_draw_the_same_failures_as_one(make_config: Callable[..., DictConfig], tmp_path: Path) -> None:
+    from tests.test_distributed import final_state, records, run_two_processes
+
+    overrides = [
+        "rounds=3",
+        "failures=stragglers",
+        "failures.dropout=0.3",
+        "failures.min_uploads=8",
+        "failures.below_quorum=repeat",
+        "failures.max_retries=1",
+    ]
+    one = run(make_config(overrides), tmp_path / "one")
+    two = run_two_processes(overrides, tmp_path / "two")
+    assert two["processes"] == 2
+    keys = [k for k in one if k.startswith("failures/")]
+    assert {k: two[k] for k in keys} == {k: one[k] for k in keys}
+    assert one["failures/dropped_total"] > 0 and one["failures/stragglers_total"] > 0
+    assert one["failures/rounds_repeated_total"] + one["failures/rounds_skipped_total"] > 0
+    assert records(tmp_path / "two") == records(tmp_path / "one")
+    a, b = final_state(tmp_path / "one"), final_state(tmp_path / "two")
+    for name in a:
+        assert torch.allclose(a[name].float(), b[name].float(), rtol=1e-5, atol=1e-6), name
