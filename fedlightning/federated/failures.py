@@ -118,16 +118,12 @@ class ClientFailures(FederatedCallback):
         self.below_quorum: BelowQuorum = below_quorum
         self.max_retries = int(max_retries)
         self.reweight = bool(reweight)
+        self.repeats_rounds = below_quorum == "repeat" and self.max_retries > 0
         self.totals = dict.fromkeys(_TOTALS, 0)
         self._round = torch.zeros(2, dtype=torch.float64)  # this process's drop-outs and stragglers
         self._events = dict.fromkeys(("rounds_skipped", "rounds_repeated"), 0)
         self._attempt = 0
         self._budget_asked = False
-
-    @property
-    def repeats_rounds(self) -> bool:
-        """Whether a round may be attempted again (the engine then snapshots the client state)."""
-        return self.below_quorum == "repeat" and self.max_retries > 0
 
     # ------------------------------------------------------------------ checks before compute
     @override

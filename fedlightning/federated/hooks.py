@@ -76,6 +76,9 @@ class UploadChoice:
 class FederatedCallback(L.Callback):
     """A Lightning callback that also takes part in federated rounds (all hooks optional)."""
 
+    repeats_rounds: bool = False
+    """True if ``round_verdict`` may answer ``"repeat"`` (the engine then snapshots the client state)."""
+
     def on_round_start(self, trainer: L.Trainer, module: FederatedModule, round_idx: int) -> None:
         """A round begins; ``round_idx == trainer.global_step``."""
 

@@ -539,7 +539,7 @@ class FederatedModule(L.LightningModule):
         self._budget_callbacks = [cb for cb in rnd.callbacks if type(cb).local_step_budget is not base]
         self._select(rnd)
         broadcast_state, broadcast = self._broadcast(rnd)
-        may_repeat = any(getattr(cb, "repeats_rounds", False) for cb in rnd.callbacks)
+        may_repeat = any(cb.repeats_rounds for cb in rnd.callbacks)
         verdict: Verdict = "apply"
         for attempt in itertools.count():
             snapshot = self.client_state.snapshot() if may_repeat else None
