@@ -23,7 +23,9 @@ trained, but contributes neither to the sums nor to the total weight, so the nor
 estimator renormalises over the remaining uploads and the unbiased estimator
 Σ (w_i/p_i) Δ_i loses its term (as for any lost upload). Under a sampler that chooses the
 uploaders after local work, a quarantined member reports a zero update norm (it is not chosen)
-and is left out of the cohort's total weight.
+and is left out of the cohort's total weight. What the method's ``client_update`` stored in the
+client's own state during that round (e.g. a saved local optimiser state) is kept; the
+channel's error-feedback memory is untouched, since nothing was encoded.
 
 >>> exploded(loss=2.5e3, start=2.3, max_ratio=1e3)
 True
