@@ -138,7 +138,7 @@ def run(
         save_last=True,
     )
     callbacks: list[Any] = [_build(cfg.sampler, "sampler"), accountant, curve, checkpoints]
-    for group in ("compressor", "downlink"):  # uplink / downlink compression callbacks
+    for group in ("compressor", "downlink", "failures", "divergence"):  # compression, failure injection, guard
         node = cfg.get(group)
         if node and "_target_" in node:
             callback = _build(node, group)
@@ -204,6 +204,7 @@ def run(
             "val/acc": metrics.get("val/acc"),
             "val/acc_best": metrics.get("val/acc_best"),
             **accountant.summary(),
+            **module.reliability_summary(),  # failures/*, divergence/* totals
             "time/wall_s": time.perf_counter() - started,
             "torch_threads": torch.get_num_threads(),
             "data_notice": getattr(datamodule, "notice", None) or None,

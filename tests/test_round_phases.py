@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import importlib
 import inspect
@@ -268,3 +269,75 @@ def test_per_client_downlinks_are_each_counted_and_refuse_a_broadcast_compressor
     assert sorted(int(r["client"]) for r in down) == [0, 1, 2] and {int(r["bits"]) for r in down} == {32 * 650}
     with pytest.raises(ConfigError, match=r"its own message.*use downlink=none"):
         DownlinkCompression(NaturalCompression()).attach(module)
+
+
+class _NaNClientOne(FedAvg):
+    """FedAvg whose client 1 always uploads NaN."""
+
+    def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> Any:
+        result = super().client_update(client_id=client_id, round_idx=round_idx, received=received)
+        if client_id == 1:
+            result.upload = torch.full_like(result.upload, float("nan"))
+        return result
+
+
+def test_a_quarantined_member_is_not_chosen_and_leaves_the_cohorts_total_weight() -> None:
+    dm = digits_federation(4)
+    module = _fedavg(dm, method=_NaNClientOne)
+    sampler = _LargestUpdateUploads()
+    weights: list[float] = []
+
+    class _Weight(FederatedCallback):
+        def on_aggregate(self, trainer: Any, module: Any, round_idx: int, aggregator: Any) -> None:
+            weights.append(aggregator.total_weight)
+
+    _fit(module, [sampler, _Weight()])
+    assert sampler.norms is not None and float(sampler.norms[1]) == 0.0 and bool((sampler.norms[[0, 2, 3]] > 0).all())
+    shares = torch.tensor(dm.client_sizes, dtype=torch.float64) / sum(dm.client_sizes)
+    assert weights == [pytest.approx(float(shares[[0, 2, 3]].sum()), abs=1e-12)]
+    assert module.reliability_summary()["failures/quarantined_total"] == 1
+
+
+class _CountsVisits(FedAvg):
+    """FedAvg whose clients count their local trainings in the client state."""
+
+    def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> Any:
+        visits = self.client_state.get(client_id, "visits", torch.zeros(()))
+        self.client_state.set(client_id, "visits", visits + 1)
+        return super().client_update(client_id=client_id, round_idx=round_idx, received=received)
+
+
+def test_a_repeated_attempt_rolls_the_client_state_back() -> None:
+    class _RepeatOnce(FederatedCallback):
+        repeats_rounds = True
+
+        def __init__(self) -> None:
+            self.attempts: list[int] = []
+
+        def round_verdict(self, trainer: Any, module: Any, round_idx: int, attempt: int, aggregator: Any) -> Any:
+            self.attempts.append(attempt)
+            return "repeat" if attempt == 0 else "apply"
+
+    module = _fedavg(digits_federation(3), method=_CountsVisits)
+    repeat = _RepeatOnce()
+    _fit(module, [FullParticipation(), repeat])
+    assert repeat.attempts == [0, 1]
+    assert [float(module.client_state.get(c, "visits")) for c in range(3)] == [1.0, 1.0, 1.0]
+
+
+def test_the_loss_at_the_start_is_the_initial_models_first_batch_loss_and_travels_in_checkpoints() -> None:
+    dm = digits_federation(3)
+    module = _fedavg(dm)
+    initial = copy.deepcopy(module.model)
+    _fit(module, [FullParticipation()])
+    losses = []
+    for c in range(3):  # one full-batch step: the first batch is the client's whole data
+        x, y = dm.client_tensors(c)
+        with torch.no_grad():
+            losses.append(float(torch.nn.functional.cross_entropy(initial(x), y)))
+    assert module.reliability_summary()["divergence/start_loss"] == pytest.approx(sum(losses) / 3, rel=1e-5)
+    checkpoint: dict[str, Any] = {}
+    module.on_save_checkpoint(checkpoint)
+    fresh = _fedavg(dm)
+    fresh.on_load_checkpoint(checkpoint)
+    assert fresh.reliability_summary()["divergence/start_loss"] == module.reliability_summary()["divergence/start_loss"]

@@ -7,11 +7,15 @@ runs every phase; the per-client hooks fire on the process that holds the client
 
 1. **select**: ``on_round_start(trainer, module, round_idx)``; the one :class:`ClientSampler`
    (if any; otherwise all clients take part) returns the cohort from ``select_cohort``; then
-   ``on_cohort_selected(trainer, module, cohort)``.
+   ``on_cohort_selected(trainer, module, cohort)``. Phases 2 to 6 run once per *attempt*
+   (``on_attempt_start(trainer, module, round_idx, attempt)``, attempt 0 first); a round is
+   attempted again when a callback's ``round_verdict`` asks for it.
 2. **downlink**: for each client of this process's share, ``on_client_downlink(trainer,
    module, round_idx, client_id, message)`` with the message that client receives (one
    broadcast shared by the cohort, or the client's own message).
-3. **local work** on each client (no hook: the method's ``client_update``).
+3. **local work** on each client (the method's ``client_update``); the engine's local-training
+   routine runs at most ``local_step_budget(trainer, module, round_idx, client_id, planned)``
+   of its planned steps (the smallest budget of any callback; ``None``: all of them).
 4. **choose** (optional): a sampler whose ``chooses_uploaders`` is true picks the uploaders
    from every cohort member's update norm (``choose_uploaders``), e.g. optimal client sampling;
    the control messages of that protocol (norms, sums, probabilities) are observed per client
@@ -19,8 +23,13 @@ runs every phase; the per-client hooks fire on the process that holds the client
 5. **uplink**: for each uploader, ``drops_upload(trainer, module, round_idx, client_id)``; if any
    callback says true the upload is lost (``on_upload_dropped``), otherwise the uplink channel
    encodes it and ``on_client_upload(trainer, module, round_idx, client_id, message)`` sees it.
+   The estimator divides the upload's coefficient by the product of every callback's
+   ``arrival_probability`` (1.0 unless a callback corrects for its own drop-outs).
 6. **accumulate and reduce**: decoded uploads are folded into the method's aggregator and
-   summed across processes; then ``on_aggregate(trainer, module, round_idx, aggregator)``.
+   summed across processes; every callback's ``round_verdict(trainer, module, round_idx,
+   attempt, aggregator)`` then says ``"apply"``, ``"repeat"`` (a new attempt, the client state
+   rolled back) or ``"skip"`` (the server state stays unchanged; the round still counts); on
+   apply, ``on_aggregate(trainer, module, round_idx, aggregator)``.
 7. **apply**: the server steps or sets its state; then ``on_round_end(trainer, module,
    round_idx, metrics)``, where callbacks may ``module.log``.
 
@@ -44,6 +53,7 @@ if TYPE_CHECKING:
 
 
 Direction = Literal["up", "down"]
+Verdict = Literal["apply", "repeat", "skip"]
 
 
 @dataclass(frozen=True)
@@ -66,11 +76,23 @@ class UploadChoice:
 class FederatedCallback(L.Callback):
     """A Lightning callback that also takes part in federated rounds (all hooks optional)."""
 
+    repeats_rounds: bool = False
+    """True if ``round_verdict`` may answer ``"repeat"`` (the engine then snapshots the client state)."""
+
     def on_round_start(self, trainer: L.Trainer, module: FederatedModule, round_idx: int) -> None:
         """A round begins; ``round_idx == trainer.global_step``."""
 
     def on_cohort_selected(self, trainer: L.Trainer, module: FederatedModule, cohort: Cohort) -> None:
         """The cohort of this round is known (the same on every process)."""
+
+    def on_attempt_start(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, attempt: int) -> None:
+        """Attempt ``attempt`` (0 first) of the round's downlink, local work and uplink begins."""
+
+    def local_step_budget(
+        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, planned: int
+    ) -> int | None:
+        """At most how many of its ``planned`` local steps this client completes (``None``: all)."""
+        return None
 
     def on_client_downlink(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
@@ -95,10 +117,23 @@ class FederatedCallback(L.Callback):
     def on_upload_dropped(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int) -> None:
         """Client ``client_id`` trained but its upload was lost."""
 
+    def arrival_probability(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int) -> float:
+        """The probability, divided out by the estimator, that this (arrived) upload would arrive."""
+        return 1.0
+
     def on_client_upload(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
     ) -> None:
         """Client ``client_id`` sent ``message`` to the server."""
+
+    def round_verdict(
+        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, attempt: int, aggregator: Aggregator
+    ) -> Verdict:
+        """Apply the reduced uploads of this attempt, attempt the round again, or skip it.
+
+        Called on every process with the same reduced aggregator: the answer must be the same.
+        """
+        return "apply"
 
     def on_aggregate(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, aggregator: Aggregator) -> None:
         """Every upload of the round has been accumulated and reduced across processes."""
@@ -107,6 +142,10 @@ class FederatedCallback(L.Callback):
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, metrics: dict[str, Any]
     ) -> None:
         """The round is over and the server state updated."""
+
+    def summary_metrics(self) -> dict[str, float | int]:
+        """Run totals this callback adds to ``summary.json`` (default: none)."""
+        return {}
 
 
 class ClientSampler(FederatedCallback):

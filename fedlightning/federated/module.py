@@ -19,6 +19,12 @@ The engine owns the round and runs it as named phases (callback hooks in
    of this step); methods that compute their new server state (``sets_server_state = True``)
    set it in :meth:`~FederatedModule.set_server_state`.
 
+Phases 2 to 6 form one attempt; a callback's ``round_verdict`` may have the round attempted
+again (client state rolled back) or skipped (failure injection:
+:mod:`fedlightning.federated.failures`). Every phase is guarded against divergence
+(:mod:`fedlightning.federated.divergence`): a non-finite client update is quarantined, a
+non-finite or exploding loss, aggregate or server state stops the run with one sentence.
+
 Processes (Lightning DDP): client ``i`` is always trained by process ``i mod world_size``, so
 its per-client state stays on one process; the cohort and every random stream depend on
 (seed, round, client, purpose) only, never on the number of processes.
@@ -32,7 +38,9 @@ so ``global_step`` counts rounds (methods that set their state get :class:`Round
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -49,12 +57,13 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.regression import R2Score
 
 from fedlightning.compression.codecs import Float32Codec
-from fedlightning.errors import ConfigError, NonFiniteLossError
+from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import ESTIMATORS, Aggregator, Estimator, WeightedMean
 from fedlightning.federated.batches import local_batches
 from fedlightning.federated.channel import Channel, DownlinkChannel
 from fedlightning.federated.cohort import Cohort
-from fedlightning.federated.hooks import ClientSampler, FederatedCallback, UploadChoice
+from fedlightning.federated.divergence import DivergenceError, DivergencePolicy, exploded
+from fedlightning.federated.hooks import ClientSampler, FederatedCallback, UploadChoice, Verdict
 from fedlightning.federated.message import Message
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters, set_flat_grad_
 from fedlightning.federated.payloads import Payload
@@ -68,6 +77,11 @@ log = logging.getLogger(__name__)
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
+
+# Round statistics (float64, reduced across processes in one collective): loss sum and count of
+# the clients that trained and were not quarantined, quarantined clients, the sum and count of
+# first-step losses (the loss at the start, measured once), then the client metric sums.
+_LOSS, _TRAINED, _QUARANTINED, _START_SUM, _START_COUNT, _METRICS = range(6)
 
 
 @dataclass
@@ -109,8 +123,10 @@ class _Round:
     choose_later: bool = False
     probability: dict[int, float] = field(default_factory=dict)
     received_broadcast: Tensor = field(init=False)
+    attempt: int = 0
     aggregator: Aggregator = field(init=False)
-    stats: Tensor = field(init=False)  # loss sum, clients trained, then the client metric sums
+    stats: Tensor = field(init=False)  # see _LOSS ... _METRICS
+    quarantined: list[int] = field(default_factory=list)  # this process's quarantined clients
 
 
 class RoundClock(torch.optim.Optimizer):
@@ -233,6 +249,12 @@ class FederatedModule(L.LightningModule):
         self._round_cohort: Cohort | None = None
         self._phase_probability: dict[int, float] = {}
         self.client_state = ClientStateStore()
+        self.divergence = DivergencePolicy()
+        """What a diverged round does (set by the ``divergence:`` config, see ``federated.divergence``)."""
+        self._start_loss: float | None = None  # the loss at the start, the reference of max_loss_ratio
+        self._start_acc: Tensor | None = None  # first-step losses of the round that measures it
+        self._quarantined_total = 0
+        self._budget_callbacks: list[FederatedCallback] = []
         self.uplink_channel = Channel(
             direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name
         )
@@ -440,9 +462,20 @@ class FederatedModule(L.LightningModule):
         augment_gen = self.generator(round_idx, client_id, "augment")
         loss_sum = torch.zeros((), device=self.device)
         steps = 0
-        for idx in self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)):
+        batches = self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y))
+        if self._budget_callbacks:  # e.g. stragglers: at most a budget of the planned steps
+            planned = list(batches)
+            budgets = [
+                cb.local_step_budget(self.trainer, self, round_idx, client_id, len(planned))
+                for cb in self._budget_callbacks
+            ]
+            batches = planned[: min([len(planned), *(b for b in budgets if b is not None)])]
+        for idx in batches:
             optimizer.zero_grad(set_to_none=True)
             loss = batch_loss(self.datamodule.augment(x[idx], augment_gen), y[idx])
+            if steps == 0 and self._start_acc is not None:  # the loss of the received model
+                self._start_acc[0] += loss.detach().to(self._start_acc)
+                self._start_acc[1] += 1
             loss.backward()
             if self.max_grad_norm is not None:
                 nn.utils.clip_grad_norm_(trained, self.max_grad_norm)
@@ -497,34 +530,157 @@ class FederatedModule(L.LightningModule):
         return samplers[0] if samplers else None
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        """One round: the phases of the module docstring, in order."""
+        """One round: the phases of the module docstring, in order (downlink to reduce once per attempt)."""
         started = time.perf_counter()
         rnd = _Round(round_idx=self.global_step, callbacks=list(self.federated_callbacks()))
         for cb in rnd.callbacks:
             cb.on_round_start(self.trainer, self, rnd.round_idx)
+        base = FederatedCallback.local_step_budget
+        self._budget_callbacks = [cb for cb in rnd.callbacks if type(cb).local_step_budget is not base]
         self._select(rnd)
         broadcast_state, broadcast = self._broadcast(rnd)
+        may_repeat = any(cb.repeats_rounds for cb in rnd.callbacks)
+        verdict: Verdict = "apply"
+        for attempt in itertools.count():
+            snapshot = self.client_state.snapshot() if may_repeat else None
+            self._attempt(rnd, attempt, broadcast_state, broadcast)
+            verdict = self._verdict(rnd)
+            if verdict != "repeat":
+                break
+            assert snapshot is not None, "a callback asked to repeat a round but does not set repeats_rounds"
+            self.client_state.restore(snapshot)  # the attempt's local work never happened
+        if verdict == "apply":
+            for cb in rnd.callbacks:
+                cb.on_aggregate(self.trainer, self, rnd.round_idx, rnd.aggregator)
+        self._server_step(rnd, apply=verdict == "apply")
+        self._log_round(rnd, time.perf_counter() - started)
+
+    def _attempt(self, rnd: _Round, attempt: int, broadcast_state: Tensor, broadcast: Message) -> None:
+        """Phases *downlink* (per client) to *reduce*, then the divergence checks of the reduced round."""
+        rnd.attempt = attempt
+        self._phase_probability = dict(rnd.probability)
+        for cb in rnd.callbacks:
+            cb.on_attempt_start(self.trainer, self, rnd.round_idx, attempt)
         rnd.aggregator = self.make_aggregator(rnd.round_idx)
-        rnd.stats = torch.zeros(2 + len(self.client_metric_names), dtype=torch.float64)
+        rnd.stats = torch.zeros(_METRICS + len(self.client_metric_names), dtype=torch.float64)
+        rnd.quarantined = []
+        measure_start = self._start_loss is None and rnd.round_idx == 0  # the initial model's loss
+        self._start_acc = torch.zeros(2, dtype=torch.float64, device=self.device) if measure_start else None
         buffered: list[tuple[int, ClientResult]] = []
         for client_id in self.share_of(rnd.cohort):
             received = self._client_downlink(rnd, client_id, broadcast_state, broadcast)
             result = self.client_update(client_id=client_id, round_idx=rnd.round_idx, received=received)
-            self._check_finite(result, client_id, rnd.round_idx)
-            rnd.stats[0] += float(result.loss)
-            rnd.stats[1] += 1
+            loss = float(result.loss)
+            if not (math.isfinite(loss) and bool(torch.isfinite(result.upload.sum()))):
+                self._quarantine(rnd, client_id, loss)  # never reaches the aggregator
+                continue
+            rnd.stats[_LOSS] += loss
+            rnd.stats[_TRAINED] += 1
             if rnd.choose_later:
                 buffered.append((client_id, result))  # the uploaders are chosen after local work
             else:
                 self._upload(rnd, client_id, result, rnd.probability[client_id])
         if rnd.choose_later:
             self._choose_and_upload(rnd, buffered)
+        if self._start_acc is not None:
+            rnd.stats[_START_SUM : _START_COUNT + 1] = self._start_acc.cpu()
+            self._start_acc = None
         rnd.aggregator.all_reduce(self.reduce_sum)
         rnd.stats = self.reduce_sum(rnd.stats)
+        self._check_attempt(rnd)
+
+    def _quarantine(self, rnd: _Round, client_id: int, loss: float) -> None:
+        rnd.stats[_QUARANTINED] += 1
+        rnd.quarantined.append(client_id)
+        stop = self.divergence.on_nonfinite_client == "stop"
+        log.warning(
+            "Round %d: client %d produced a non-finite update (loss %.4g); %s (divergence.on_nonfinite_client=%s).",
+            rnd.round_idx,
+            client_id,
+            loss,
+            "the run stops" if stop else "it is quarantined, not aggregated",
+            self.divergence.on_nonfinite_client,
+        )
+
+    def _check_attempt(self, rnd: _Round) -> None:
+        """Stop a diverged round on every process (the reduced statistics are the same on each)."""
+        quarantined, trained = int(rnd.stats[_QUARANTINED]), int(rnd.stats[_TRAINED])
+        self._quarantined_total += quarantined
+        if quarantined and (self.divergence.on_nonfinite_client == "stop" or trained == 0):
+            first = min(self._gather_ids(rnd.quarantined))
+            if trained == 0 and quarantined > 1:
+                who = f"Client {first} and all other clients produced non-finite updates"
+            elif quarantined > 1:
+                who = f"Client {first} and {quarantined - 1} other client(s) produced non-finite updates"
+            else:
+                who = f"Client {first} produced a non-finite update"
+            raise DivergenceError(f"{who} in round {rnd.round_idx}; {self._divergence_fix('clients')}.")
+        if self._start_loss is None and trained and rnd.round_idx == 0:
+            count = float(rnd.stats[_START_COUNT])
+            start = float(rnd.stats[_START_SUM]) / count if count else float(rnd.stats[_LOSS]) / trained
+            self._start_loss = start if math.isfinite(start) and start > 0 else None
+        if trained:
+            loss = float(rnd.stats[_LOSS]) / trained
+            if exploded(loss=loss, start=self._start_loss, max_ratio=self.divergence.max_loss_ratio):
+                raise DivergenceError(
+                    f"Training diverged in round {rnd.round_idx}: the clients' mean loss is {loss:.4g} "
+                    f"against {self._start_loss or float('nan'):.4g} at the start (divergence.max_loss_ratio="
+                    f"{self.divergence.max_loss_ratio:g}); {self._divergence_fix('clients')}."
+                )
+        if not bool(torch.isfinite(rnd.aggregator.sums.sum())):
+            raise DivergenceError(
+                f"The aggregate of round {rnd.round_idx} is non-finite; {self._divergence_fix('clients')}."
+            )
+
+    def reliability_summary(self) -> dict[str, float | int]:
+        """Run totals of failures and divergence for ``summary.json``: the engine's and its callbacks'."""
+        totals: dict[str, float | int] = {"failures/quarantined_total": self._quarantined_total}
+        if self._start_loss is not None:
+            totals["divergence/start_loss"] = self._start_loss
+        for cb in self.federated_callbacks():
+            totals.update(cb.summary_metrics())
+        return totals
+
+    def _gather_ids(self, ids: list[int]) -> list[int]:
+        """``ids`` of every process (a collective: call it on every process or on none)."""
+        if self.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+            return list(ids)
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, list(ids))
+        return [cid for part in parts for cid in part]
+
+    def _verdict(self, rnd: _Round) -> Verdict:
+        """The first callback verdict other than apply, else apply."""
         for cb in rnd.callbacks:
-            cb.on_aggregate(self.trainer, self, rnd.round_idx, rnd.aggregator)
-        self._server_step(rnd)
-        self._log_round(rnd, time.perf_counter() - started)
+            verdict = cb.round_verdict(self.trainer, self, rnd.round_idx, rnd.attempt, rnd.aggregator)
+            if verdict != "apply":
+                return verdict
+        return "apply"
+
+    def _divergence_fix(self, side: Literal["clients", "server"]) -> str:
+        """The likely key to change, as the end of a sentence."""
+        if side == "server" and not self.sets_server_state:
+            inner = self.server_optimizer(self.server_parameters())  # a probe: its settings, not its state
+            group = inner.param_groups[0]
+            plain = type(inner) is torch.optim.SGD and group.get("lr") == 1.0 and not group.get("momentum")
+            if not plain:  # FedAvg's plain averaging step cannot explode by itself
+                return f"lower the server learning rate (method.server_optimizer.lr) from {group.get('lr'):g}"
+        try:
+            client_lr = f" from {self.client_optimizer([nn.Parameter(torch.zeros(1))]).param_groups[0]['lr']:g}"
+        except Exception:  # a factory that needs more than plain parameters
+            client_lr = ""
+        clip = "set method.max_grad_norm" if self.max_grad_norm is None else "lower method.max_grad_norm"
+        return f"lower the client learning rate (method.client_optimizer.lr){client_lr} or {clip}"
+
+    def _check_global_loss(self, what: str, loss: float) -> None:
+        """Stop when the global model's held-out loss is non-finite or exploded."""
+        if exploded(loss=loss, start=self._start_loss, max_ratio=self.divergence.max_loss_ratio):
+            start = "" if self._start_loss is None else f" against {self._start_loss:.4g} at the start"
+            when = f"after round {self.global_step - 1}" if self.global_step else "before training"
+            raise DivergenceError(
+                f"Training diverged {when}: the global model's {what} loss is "
+                f"{loss:.4g}{start}; {self._divergence_fix('server')}."
+            )
 
     def _select(self, rnd: _Round) -> None:
         """Phase *select*: the cohort (the same on every process) and its inclusion probabilities."""
@@ -591,11 +747,16 @@ class FederatedModule(L.LightningModule):
             if client_id in chosen:
                 self._upload(rnd, client_id, result, rnd.probability[client_id], choice_probability=chosen[client_id])
 
-    def _server_step(self, rnd: _Round) -> None:
-        """Phase *apply*: set the server state, or step the server optimiser on −Δ."""
+    def _server_step(self, rnd: _Round, *, apply: bool = True) -> None:
+        """Phase *apply*: set the server state, or step the server optimiser on −Δ (unless skipped).
+
+        The new server state is then checked to be finite (one reduction).
+        """
         optimizer = self.optimizers()
         optimizer.zero_grad()  # type: ignore[union-attr]  # gradients set to None: a step without one is a no-op
-        if rnd.aggregator.empty:
+        if not apply:
+            pass  # a callback skipped the round (and says why)
+        elif rnd.aggregator.empty:
             log.warning("Round %d: no upload reached the server; the server state is unchanged.", rnd.round_idx)
         elif self.sets_server_state:
             self.set_server_state(round_idx=rnd.round_idx, aggregator=rnd.aggregator)
@@ -603,13 +764,20 @@ class FederatedModule(L.LightningModule):
             delta = self.server_delta(round_idx=rnd.round_idx, aggregator=rnd.aggregator)
             set_flat_grad_(self.server_parameters(), -delta)
         optimizer.step()  # type: ignore[union-attr]  # also the round counter (global_step)
+        if apply and not rnd.aggregator.empty:
+            total = torch.stack([p.detach().sum() for p in self.server_parameters()]).sum()
+            if not bool(torch.isfinite(total)):
+                raise DivergenceError(
+                    f"The server state became non-finite in round {rnd.round_idx}; {self._divergence_fix('server')}."
+                )
 
     def _log_round(self, rnd: _Round, seconds: float) -> None:
-        clients = max(float(rnd.stats[1]), 1.0)
-        metrics: dict[str, Any] = {"train/loss": float(rnd.stats[0]) / clients, "time/round_s": seconds}
+        clients = max(float(rnd.stats[_TRAINED]), 1.0)
+        metrics: dict[str, Any] = {"train/loss": float(rnd.stats[_LOSS]) / clients, "time/round_s": seconds}
+        metrics["failures/quarantined"] = float(rnd.stats[_QUARANTINED])
         uploads = max(rnd.aggregator.count, 1)
         for k, name in enumerate(self.client_metric_names):
-            metrics[name] = float(rnd.stats[2 + k]) / uploads
+            metrics[name] = float(rnd.stats[_METRICS + k]) / uploads
         metrics.update(self.server_metrics(rnd.round_idx))
         for name, value in metrics.items():
             self.log(name, float(value), on_step=True, on_epoch=False)
@@ -643,6 +811,8 @@ class FederatedModule(L.LightningModule):
             state=self.client_state,
         )
         q = 1.0 if choice_probability is None else choice_probability
+        for cb in rnd.callbacks:  # e.g. drop-outs at a known rate, corrected for (1.0 otherwise)
+            q *= cb.arrival_probability(trainer, self, rnd.round_idx, client_id)
         self._phase_probability[client_id] = inclusion_probability * q
         for cb in rnd.callbacks:
             cb.on_client_upload(trainer, self, rnd.round_idx, client_id, message)
@@ -651,8 +821,10 @@ class FederatedModule(L.LightningModule):
         weight = self.upload_weight(
             client_id=client_id, num_samples=result.num_samples, inclusion_probability=inclusion_probability * q
         )
-        if choice_probability is None:
+        if choice_probability is None and q == 1.0:
             rnd.aggregator.accumulate(decoded, weight=weight)
+        elif choice_probability is None:  # a known arrival probability: cancels in the normalised mean
+            rnd.aggregator.accumulate(decoded, weight=weight if self.aggregation == "unbiased" else weight / q)
         else:
             assert isinstance(rnd.aggregator, WeightedMean)
             if self.aggregation == "normalised":  # w_i/q_i; the cohort's weight was counted at the choice
@@ -660,20 +832,13 @@ class FederatedModule(L.LightningModule):
             else:  # w_i/(p_i q_i): upload_weight divided by the product; no normaliser
                 rnd.aggregator.accumulate(decoded, weight=weight)
         for k, name in enumerate(self.client_metric_names):
-            rnd.stats[2 + k] += float(result.metrics[name])
+            rnd.stats[_METRICS + k] += float(result.metrics[name])
 
     def _total_samples(self) -> int:
         """n = Σ_i n_i over the whole federation (the denominator of FedAvg's shares)."""
         if self._sample_total is None:
             self._sample_total = int(sum(self.datamodule.client_sizes))
         return self._sample_total
-
-    def _check_finite(self, result: ClientResult, client_id: int, round_idx: int) -> None:
-        if not (torch.isfinite(result.loss).all() and torch.isfinite(result.upload).all()):
-            raise NonFiniteLossError(
-                f"Client {client_id} produced a non-finite loss ({float(result.loss):.4g}) in round {round_idx}; "
-                "lower the client learning rate (method.client_optimizer.lr) or set method.max_grad_norm."
-            )
 
     # ------------------------------------------------------------------ Lightning plumbing
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -729,6 +894,8 @@ class FederatedModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         score = self.val_score.compute()
+        if not self.trainer.sanity_checking:
+            self._check_global_loss("validation", float(self.val_loss.compute()))
         self.val_score_best.update(score)
         self.log(f"val/{self.score_name}", score, prog_bar=True)
         self.log("val/loss", self.val_loss.compute())
@@ -740,6 +907,7 @@ class FederatedModule(L.LightningModule):
         self._eval_step(batch, self.test_score, self.test_loss)
 
     def on_test_epoch_end(self) -> None:
+        self._check_global_loss("test", float(self.test_loss.compute()))
         self.log(f"test/{self.score_name}", self.test_score.compute())
         self.log("test/loss", self.test_loss.compute())
         self.test_score.reset()
@@ -757,8 +925,12 @@ class FederatedModule(L.LightningModule):
                     if cid == SERVER or cid % self.world_size == rank:
                         state[cid] = entries
         checkpoint["client_state"] = state
+        checkpoint["divergence"] = {"start_loss": self._start_loss, "quarantined_total": self._quarantined_total}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.client_state.load_state_dict(checkpoint.get("client_state", {}))
+        saved = checkpoint.get("divergence", {})
+        self._start_loss = saved.get("start_loss")
+        self._quarantined_total = int(saved.get("quarantined_total", 0))
         # Keep only this process's clients (and the server's replicated entries).
         self.client_state.retain(lambda cid: cid == SERVER or self.holds_client(cid))

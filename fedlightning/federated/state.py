@@ -56,6 +56,14 @@ class ClientStateStore:
     def __len__(self) -> int:
         return len(self._state)
 
+    def snapshot(self) -> dict[int, dict[str, Any]]:
+        """A copy (tensors cloned, on their devices) that :meth:`restore` brings back."""
+        return {cid: {k: _clone(v) for k, v in entries.items()} for cid, entries in self._state.items()}
+
+    def restore(self, snapshot: dict[int, dict[str, Any]]) -> None:
+        """Undo every change since ``snapshot`` was taken."""
+        self._state = snapshot
+
     def state_dict(self) -> dict[int, dict[str, Any]]:
         """A CPU copy fit for ``torch.save``."""
         return {cid: {k: _to_cpu(v) for k, v in entries.items()} for cid, entries in self._state.items()}
@@ -72,4 +80,14 @@ def _to_cpu(value: Any) -> Any:
         return {k: _to_cpu(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_clone(v) for v in value)
     return value
