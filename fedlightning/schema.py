@@ -8,7 +8,7 @@ Two layers, one rule: every problem stops with one sentence naming the key and t
   range per field). A key the schema does not declare (``+foo=1``) is refused with the closest
   declared key.
 * Each group node (``method``, ``data``, ``partition``, ``sampler``, ``compressor``, ``downlink``,
-  ``trainer``, ``logger.*``, ``callbacks.*``, and nested nodes such as
+  ``failures``, ``divergence``, ``trainer``, ``logger.*``, ``callbacks.*``, and nested nodes such as
   ``method.client_optimizer``) is a ``_target_`` node: it is checked against the signature of its
   target (:func:`inspect.signature`), so a key the constructor does not take is refused listing
   the keys it does take, and a value is checked against simple annotations (``int``, ``float``,
@@ -51,7 +51,7 @@ from fedlightning.errors import ConfigError
 __all__ = ["GROUPS", "TrainSchema", "check_target_node", "close_match", "validate_config", "validate_top_level"]
 
 #: Config groups whose node is one ``_target_`` node.
-GROUPS = ("method", "data", "partition", "sampler", "compressor", "downlink", "trainer")
+GROUPS = ("method", "data", "partition", "sampler", "compressor", "downlink", "failures", "divergence", "trainer")
 #: Config groups whose node maps names to ``_target_`` nodes.
 NAMED_GROUPS = ("logger", "callbacks")
 #: Keys Hydra's ``instantiate`` reads itself.
@@ -89,6 +89,8 @@ class TrainSchema:
     sampler: Any = None
     compressor: Any = None
     downlink: Any = None
+    failures: Any = None
+    divergence: Any = None
     logger: Any = None
     trainer: Any = None
 
