@@ -13,6 +13,9 @@ Metadata (thesis arXiv 2207.00392, §1.6 conventions):
 
 * ``unbiased``: ``E[C(x)] = x``;
 * ``omega(d)``: for unbiased operators, ``E‖C(x) − x‖² ≤ ω‖x‖²`` in dimension ``d``;
+* ``finite_output``: the encoder refuses inf/NaN, so a decoded non-finite value means a
+  corrupted message (:meth:`Compressor.decode` raises
+  :class:`~fedlightning.errors.MessageDecodeError`);
 * ``delta(d)``: the B³ parameter, ``E‖C(x) − x‖² ≤ (1 − 1/δ)‖x‖²`` (for an unbiased operator
   this is ``ω + 1``, the parameter of its scaled version ``C/(ω+1)``, Lemma 1.6.7);
   ``math.inf`` when no finite δ holds (plain sign).
@@ -65,6 +68,8 @@ class Compressor:
     deterministic = False
     accepts: frozenset[Payload] = DENSE_UPDATES
     """Payloads this operator understands: real-valued updates (model deltas, gradients)."""
+    finite_output = False
+    """True when :meth:`write` refuses inf/NaN: a valid message then decodes to finite values."""
 
     # ------------------------------------------------------------------ metadata
     def omega(self, d: int) -> float | None:
@@ -102,10 +107,13 @@ class Compressor:
     encode = compress  # a compressor is also a Codec (deterministic ones need no generator)
 
     def decode(self, message: Message) -> Tensor:
-        r = BitReader(message.payload, message.num_bits)
+        """``C(x)`` from the message; a malformed stream raises :class:`~fedlightning.errors.MessageDecodeError`."""
+        r = BitReader(message.payload, message.num_bits, codec=self.name)
         out = self.read(r, math.prod(message.shape))
         if r.remaining:
-            raise ValueError(f"{self.name}: {r.remaining} bits left after decoding.")
+            raise r.error(f"{r.remaining} bits are left after decoding")
+        if self.finite_output and not bool(torch.isfinite(out).all()):
+            raise r.error("the stream decodes to inf or NaN, which this operator never sends")
         return out.reshape(message.shape)
 
     def __call__(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -188,6 +196,8 @@ class ScaledSign(Compressor):
 
     def read(self, reader: BitReader, numel: int) -> Tensor:
         scale = reader.read_array(1, 32).astype(np.uint32).view(np.float32)[0]
+        if scale < 0:
+            raise reader.error(f"the scale is negative ({scale}); the encoder sends the mean magnitude")
         neg = reader.read_bitarray(numel).astype(np.float32)
         return torch.from_numpy((1.0 - 2.0 * neg) * scale)
 
@@ -204,6 +214,7 @@ class Blockwise(Compressor):
         self.name = f"{inner.name}/layerwise"
         self.unbiased = inner.unbiased
         self.deterministic = inner.deterministic
+        self.finite_output = inner.finite_output
 
     def omega(self, d: int) -> float | None:
         if not self.unbiased:
