@@ -377,8 +377,8 @@ class BitReader:
             quotients[i] = stop - pos
             rem_starts[i] = stop + 1
             pos = stop + 1 + b
-        if pos > end:
-            raise self.error("a Golomb-Rice remainder runs past the end of the stream")
+            if pos > end:
+                raise self.error("a Golomb-Rice remainder runs past the end of the stream")
         if not 0 <= b < 64:
             raise self.error(f"a Golomb-Rice parameter of {b} leaves no room in 64 bits")
         if b and int(quotients.max()) >> (64 - b):
