@@ -393,7 +393,6 @@ sizes = st.integers(1, MAX_NUMEL)
 fast = settings(
     max_examples=25, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
 )
-slow = settings(max_examples=10_000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -426,32 +425,46 @@ def test_decode_of_encode_is_what_the_codec_promises(case: Case, seed: int, nume
     roundtrip_property(case, seed, numel)
 
 
+# The 10,000-input runs drive the same properties from a seeded NumPy stream: hypothesis's
+# per-example overhead would make them take hours on a CI CPU. Reproduce a failure from the
+# codec name and the seed in the assertion message.
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@slow
-@given(seed=seeds, numel=sizes, payload=st.binary(max_size=64), drop=st.integers(0, 7), valid_length=st.booleans())
-def test_ten_thousand_random_inputs_raise_only_message_decode_error(
-    case: Case, seed: int, numel: int, payload: bytes, drop: int, valid_length: bool
-) -> None:
-    random_bytes_property(case, seed, numel, payload, drop, valid_length)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@settings(slow, max_examples=200)
-@given(seed=seeds, numel=sizes)
-def test_all_truncations_of_two_hundred_messages_raise_only_message_decode_error(
-    case: Case, seed: int, numel: int
-) -> None:
-    truncation_property(case, seed, numel)
+def test_ten_thousand_random_inputs_raise_only_message_decode_error(case: Case) -> None:
+    rng = np.random.default_rng(20_261_201)
+    for _ in range(10_000):
+        seed, numel = int(rng.integers(2**32)), int(rng.integers(1, MAX_NUMEL + 1))
+        payload, drop = rng.bytes(int(rng.integers(0, 65))), int(rng.integers(0, 8))
+        valid_length = bool(rng.integers(2))
+        try:
+            random_bytes_property(case, seed, numel, payload, drop, valid_length)
+        except Exception as err:  # name the input of any failure, not only a failed assertion
+            raise AssertionError(f"{case.name}, seed={seed}, numel={numel}, payload={payload!r}: {err}") from err
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@settings(slow, max_examples=1_000)
-@given(seed=seeds, numel=sizes, flips=st.lists(st.integers(0, 2**20), min_size=1, max_size=3))
-def test_many_bit_flips_raise_only_message_decode_error(case: Case, seed: int, numel: int, flips: list[int]) -> None:
-    bit_flip_property(case, seed, numel, flips)
+def test_all_truncations_of_two_hundred_messages_raise_only_message_decode_error(case: Case) -> None:
+    rng = np.random.default_rng(20_261_202)
+    for _ in range(200):
+        seed, numel = int(rng.integers(2**32)), int(rng.integers(1, MAX_NUMEL + 1))
+        try:
+            truncation_property(case, seed, numel)
+        except Exception as err:  # name the input of any failure, not only a failed assertion
+            raise AssertionError(f"{case.name}, seed={seed}, numel={numel}: {err}") from err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_thousand_bit_flipped_messages_raise_only_message_decode_error(case: Case) -> None:
+    rng = np.random.default_rng(20_261_203)
+    for _ in range(1_000):
+        seed, numel = int(rng.integers(2**32)), int(rng.integers(1, MAX_NUMEL + 1))
+        flips = rng.integers(0, 2**20, int(rng.integers(1, 4))).tolist()
+        try:
+            bit_flip_property(case, seed, numel, flips)
+        except Exception as err:  # name the input of any failure, not only a failed assertion
+            raise AssertionError(f"{case.name}, seed={seed}, numel={numel}, flips={flips}: {err}") from err
 
 
 # ---------------------------------------------------------------------------- the measured failures
@@ -531,11 +544,22 @@ def test_decoded_inf_from_a_finite_only_operator_is_refused() -> None:
         lambda: TopK(k=1).compress(torch.tensor([1.0, float("nan")])),
         lambda: QSGD().compress(torch.tensor([float("inf"), 1.0])),
         lambda: NaturalCompression().compress(torch.tensor([float("nan")])),
+        lambda: Sign().compress(torch.tensor([float("nan"), 1.0])),
+        lambda: ScaledSign().compress(torch.tensor([float("inf")])),
         lambda: BitPackCodec().encode(torch.tensor([0.5])),
         lambda: LatticeCodec(levels=4).encode(torch.tensor([0.3])),
         lambda: BernoulliRangeCodec(model_p=torch.tensor([0.5])).encode(torch.tensor([2.0])),
     ],
-    ids=["top_k_nan", "qsgd_inf", "natural_nan", "bitpack_half", "lattice_off_grid", "range_non_binary"],
+    ids=[
+        "top_k_nan",
+        "qsgd_inf",
+        "natural_nan",
+        "sign_nan",
+        "scaled_sign_inf",
+        "bitpack_half",
+        "lattice_off_grid",
+        "range_non_binary",
+    ],
 )
 def test_encoders_refuse_inputs_they_cannot_represent(encode: Callable[[], Message]) -> None:
     with pytest.raises(ValueError, match=r"\.$"):

@@ -55,6 +55,11 @@ def flat_cpu(x: Tensor) -> Tensor:
     return x.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
 
 
+def _refuse_non_finite(x: Tensor, who: str) -> None:
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{who} received inf or NaN; compress finite updates only.")
+
+
 def default_generator() -> torch.Generator:
     """A generator seeded with 0 (used only when the caller passes none)."""
     return torch.Generator().manual_seed(0)
@@ -145,11 +150,15 @@ class Identity(Compressor):
 
 
 class Sign(Compressor):
-    """``sign(x)`` (signSGD), 1 bit per coordinate; zero is sent as +1. Biased, no finite δ."""
+    """``sign(x)`` (signSGD), 1 bit per coordinate; zero is sent as +1. Biased, no finite δ.
+
+    inf/NaN are refused (NaN has no sign: sending +1 would hide a diverged update).
+    """
 
     name = "sign"
     unbiased = False
     deterministic = True
+    finite_output = True
 
     def omega(self, d: int) -> None:
         return None
@@ -161,6 +170,7 @@ class Sign(Compressor):
         return float(d)
 
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
+        _refuse_non_finite(x, self.name)
         writer.write_bitarray((x.numpy() < 0).astype(np.uint8))
         return 0
 
@@ -173,11 +183,13 @@ class ScaledSign(Compressor):
     """``(‖x‖₁/d)·sign(x)``: one float32 scale + 1 bit per coordinate.
 
     Deterministic; ``‖C(x) − x‖² = ‖x‖² − ‖x‖₁²/d ≤ (1 − 1/d)‖x‖²`` so δ = d [DERIVED].
+    inf/NaN are refused.
     """
 
     name = "scaled_sign"
     unbiased = False
     deterministic = True
+    finite_output = True
 
     def omega(self, d: int) -> None:
         return None
@@ -189,6 +201,7 @@ class ScaledSign(Compressor):
         return 32.0 + d
 
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
+        _refuse_non_finite(x, self.name)
         scale = np.float32(x.abs().sum(dtype=torch.float64).item() / max(x.numel(), 1))
         writer.write_array(np.array([scale], dtype=np.float32).view(np.uint32), 32)
         writer.write_bitarray((x.numpy() < 0).astype(np.uint8))
@@ -196,8 +209,8 @@ class ScaledSign(Compressor):
 
     def read(self, reader: BitReader, numel: int) -> Tensor:
         scale = reader.read_array(1, 32).astype(np.uint32).view(np.float32)[0]
-        if scale < 0:
-            raise reader.error(f"the scale is negative ({scale}); the encoder sends the mean magnitude")
+        if not np.isfinite(scale) or scale < 0:
+            raise reader.error(f"the scale is {scale}; the encoder sends a finite mean magnitude")
         neg = reader.read_bitarray(numel).astype(np.float32)
         return torch.from_numpy((1.0 - 2.0 * neg) * scale)
 
