@@ -181,4 +181,4 @@ class ExponentialRounding(Compressor):
         neg = (words >> np.uint64(width)).astype(np.float64)
         with np.errstate(over="ignore"):  # an exponent beyond float range is caught as non-finite in decode
             mag = np.where(code > 0, np.power(self.base, (code - 1 + kmin).astype(np.float64)), 0.0)
-        return torch.from_numpy(((1 - 2 * neg) * mag).astype(np.float32))
+            return torch.from_numpy(((1 - 2 * neg) * mag).astype(np.float32))

@@ -143,7 +143,8 @@ class Int8Values(ValueCodec):
         q = reader.read_array(count, 8).astype(np.int64) - 128
         if count and int(q.min()) < -127:
             raise reader.error("an 8-bit value code is 0, outside the symmetric range 1..255 the encoder writes")
-        return (q.astype(np.float32) * (scale / np.float32(127.0))).astype(np.float32)
+        with np.errstate(invalid="ignore"):  # a NaN scale (from a NaN input) stays NaN, quietly
+            return (q.astype(np.float32) * (scale / np.float32(127.0))).astype(np.float32)
 
 
 class NaturalValues(ValueCodec):
