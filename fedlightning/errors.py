@@ -11,3 +11,7 @@ class ConfigError(FedLightningError, ValueError):
 
 class NonFiniteLossError(FedLightningError, FloatingPointError):
     """Local training produced a NaN or infinite loss or update."""
+
+
+class MessageDecodeError(FedLightningError, ValueError):
+    """A message's bytes are not a valid stream of its codec; the message names the codec and the fault."""

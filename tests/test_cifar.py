@@ -143,3 +143,69 @@ def test_full_jpeg_load(shared_data_root: Path, tmp_path: Path) -> None:
     dm.setup("fit")
     assert dm.num_train_samples == 50_000 and len(dm.test_dataloader().dataset) == 10_000
     assert dm.label_histogram().sum(0).tolist() == [5000] * 10
+
+
+class _WritesMarker:
+    """A pickle payload whose ``__reduce__`` would create a marker file when loaded."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[Path, str]]:
+        return (Path.write_text, (self.marker, "code ran"))
+
+
+def test_crafted_batch_runs_no_code_and_names_the_file(tmp_path: Path) -> None:
+    files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    _fake_batches(tmp_path, "cifar-10-batches-py", files, "labels", 4, 10)
+    marker = tmp_path / "marker"
+    crafted = tmp_path / "cifar-10-batches-py" / "data_batch_1"
+    crafted.write_bytes(pickle.dumps({b"data": _WritesMarker(marker), b"labels": [0]}))
+    probe = tmp_path / "probe"
+    pickle.loads(pickle.dumps(_WritesMarker(probe)))  # the payload does run code under a plain unpickler
+    assert probe.read_text() == "code ran"
+    dm = CIFAR10DataModule(root=str(tmp_path), num_clients=2, val_fraction=0.0)
+    with pytest.raises(DataUnavailableError) as err:
+        dm.setup("fit")
+    assert not marker.exists()
+    message = str(err.value)
+    assert message.startswith(f"{crafted} is not a valid CIFAR python batch (it asks for pathlib")
+    assert "replace it with the file from the official cifar-10-python.tar.gz" in message
+    assert message.count(". ") == 0 and message.endswith(".") and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"\x80\x04garbage",
+        pickle.dumps([1, 2]),
+        pickle.dumps({b"data": np.zeros((2, 5), np.uint8), b"labels": [0, 1]}),
+    ],
+    ids=["empty", "garbage", "not_a_dict", "wrong_image_size"],
+)
+def test_malformed_batches_stop_with_one_sentence(tmp_path: Path, content: bytes) -> None:
+    files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    _fake_batches(tmp_path, "cifar-10-batches-py", files, "labels", 4, 10)
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(content)
+    with pytest.raises(DataUnavailableError, match=r"test_batch (is not|holds a).*official"):
+        CIFAR10DataModule(root=str(tmp_path), num_clients=2, val_fraction=0.0).setup("fit")
+
+
+def test_protocol_2_batches_as_the_official_files_load(tmp_path: Path) -> None:
+    """The official batches are protocol-2 pickles with bytes keys; they pass the restricted unpickler."""
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, (12, 3072), dtype=np.uint8)
+    for i, name in enumerate([f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]):
+        part = {
+            b"batch_label": b"batch",
+            b"labels": [i] * 2,
+            b"data": data[2 * i : 2 * i + 2],
+            b"filenames": [b"a", b"b"],
+        }
+        (tmp_path / "cifar-10-batches-py" / name).write_bytes(pickle.dumps(part, protocol=2))
+    dm = CIFAR10DataModule(root=str(tmp_path), num_clients=2, val_fraction=0.0)
+    dm.setup("fit")
+    x, y = dm._train_tensors()
+    assert torch.equal(x.reshape(10, -1), torch.from_numpy(data[:10])) and y.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]

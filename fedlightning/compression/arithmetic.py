@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedlightning.errors import MessageDecodeError
 from fedlightning.federated.message import Message
 
 __all__ = ["BernoulliRangeCodec", "LatticeCodec", "bernoulli_cross_entropy_bits", "lattice_bits_per_coordinate"]
@@ -62,15 +63,32 @@ class BernoulliRangeCodec:
     ``constriction``'s Bernoulli model keeps a tiny probability for the impossible outcome when
     p_j is 0 or 1, so every mask can be coded (an unlikely bit costs many bits, never an error).
 
+    The encoder is deterministic, so a valid payload is exactly the code of the mask it decodes
+    to: :meth:`decode` re-encodes its result and raises
+    :class:`~fedlightning.errors.MessageDecodeError` unless the words match (a truncated or
+    corrupted stream otherwise decodes to a wrong mask without complaint).
+
     Args:
-        model_p: the probabilities both sides know (the broadcast p), one per coordinate.
+        model_p: the probabilities both sides know (the broadcast p), one per coordinate;
+            NaN is refused with ``ValueError``.
     """
 
     name = "bernoulli_range"
 
     def __init__(self, *, model_p: Tensor) -> None:
-        self.model_p = model_p.detach().reshape(-1).to("cpu", torch.float64).clamp(0.0, 1.0).numpy()
+        p = model_p.detach().reshape(-1).to("cpu", torch.float64)
+        if bool(torch.isnan(p).any()):
+            raise ValueError(
+                f"BernoulliRangeCodec received a model p with {int(torch.isnan(p).sum())} NaN entries; "
+                "the probabilities diverged, lower the learning rate."
+            )
+        self.model_p = p.clamp(0.0, 1.0).numpy()
         self._family = constriction.stream.model.Bernoulli(perfect=False)
+
+    def _words(self, symbols: np.ndarray) -> np.ndarray:
+        encoder = constriction.stream.queue.RangeEncoder()
+        encoder.encode(symbols, self._family, self.model_p)
+        return np.asarray(encoder.get_compressed(), dtype=np.uint32)
 
     def encode(self, x: Tensor) -> Message:
         flat = x.detach().reshape(-1).cpu()
@@ -79,24 +97,40 @@ class BernoulliRangeCodec:
         symbols = flat.to(torch.int32)
         if not torch.equal(symbols.to(flat.dtype), flat) or bool(((symbols < 0) | (symbols > 1)).any()):
             raise ValueError("BernoulliRangeCodec received values other than 0 and 1; it encodes binary masks only.")
-        encoder = constriction.stream.queue.RangeEncoder()
-        encoder.encode(symbols.numpy(), self._family, self.model_p)
-        words = encoder.get_compressed()
-        payload = words.astype("<u4").tobytes()
+        payload = self._words(symbols.numpy()).astype("<u4").tobytes()
         return Message(payload=payload, num_bits=8 * len(payload), codec=self, shape=tuple(x.shape))
 
     def decode(self, message: Message) -> Tensor:
+        numel = math.prod(message.shape)
+        if numel != self.model_p.size:
+            raise MessageDecodeError(
+                f"{self.name}: the message shape {message.shape} has {numel} entries but the model p has "
+                f"{self.model_p.size}."
+            )
+        if message.num_bits % 32:
+            raise MessageDecodeError(f"{self.name}: the stream is whole 32-bit words, not {message.num_bits} bits.")
         words = np.frombuffer(message.payload, dtype="<u4").astype(np.uint32)
-        decoder = constriction.stream.queue.RangeDecoder(words)
-        symbols = decoder.decode(self._family, self.model_p)
-        return torch.from_numpy(np.asarray(symbols, dtype=np.float32)).reshape(message.shape)
+        try:
+            symbols = np.asarray(
+                constriction.stream.queue.RangeDecoder(words).decode(self._family, self.model_p), dtype=np.int32
+            )
+        except AssertionError:  # constriction's report of data the model cannot have produced
+            raise MessageDecodeError(f"{self.name}: the stream is not a valid code under the model p.") from None
+        if not np.array_equal(self._words(symbols), words):
+            raise MessageDecodeError(
+                f"{self.name}: the {words.size}-word stream is not the code of the mask it decodes to "
+                "(truncated or corrupted)."
+            )
+        return torch.from_numpy(symbols.astype(np.float32)).reshape(message.shape)
 
 
 class LatticeCodec:
     """Lossless codec for p ∈ {0, 1/K, …, 1}: a 32-bit K, then ⌈log2(K+1)⌉ bits per coordinate.
 
     Raises ``ValueError`` if a value is not (within 1e-6) a multiple of 1/K in [0, 1]: this
-    codec must never round silently. Decoding returns float32(k/K).
+    codec must never round silently. Decoding returns float32(k/K); a message whose length,
+    header K (it must equal ``levels``) or a k above K cannot be right raises
+    :class:`~fedlightning.errors.MessageDecodeError`.
 
     Args:
         levels: K, the number of averaged bits (the previous round's cohort size).
@@ -132,12 +166,22 @@ class LatticeCodec:
 
     def decode(self, message: Message) -> Tensor:
         numel = math.prod(message.shape)
+        width = lattice_bits_per_coordinate(self.levels)
+        expected = self.header_bits + width * numel
+        if message.num_bits != expected:
+            raise MessageDecodeError(
+                f"{self.name}: {numel} coordinates with K={self.levels} take {expected} bits, "
+                f"this message has {message.num_bits}."
+            )
         stream = np.unpackbits(
             np.frombuffer(message.payload, dtype=np.uint8), count=message.num_bits, bitorder="little"
         )
         levels = int(np.packbits(stream[:32], bitorder="little").view("<u4")[0])
-        width = lattice_bits_per_coordinate(levels)
+        if levels != self.levels:
+            raise MessageDecodeError(f"{self.name}: the header says K={levels} but this codec has K={self.levels}.")
         bits = stream[32:].reshape(numel, width).astype(np.int64)
         ints = (bits << np.arange(width, dtype=np.int64)[None, :]).sum(axis=1)
+        if numel and int(ints.max()) > levels:
+            raise MessageDecodeError(f"{self.name}: a coordinate decodes to {int(ints.max())}/{levels}, above 1.")
         values = torch.from_numpy(ints).to(torch.float64) / levels
         return values.to(torch.float32).reshape(message.shape)

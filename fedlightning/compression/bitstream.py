@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedlightning.errors import MessageDecodeError
+
 __all__ = [
     "BitReader",
     "BitWriter",
@@ -233,16 +235,26 @@ def _interleave(a: np.ndarray, la: np.ndarray, b: np.ndarray, lb: np.ndarray) ->
 
 
 class BitReader:
-    """Reads a stream written by :class:`BitWriter`; refuses to read past ``num_bits``."""
+    """Reads a stream written by :class:`BitWriter`; refuses to read past ``num_bits``.
 
-    def __init__(self, payload: bytes, num_bits: int) -> None:
-        if len(payload) * 8 < num_bits:
-            raise ValueError(f"Payload of {len(payload)} bytes cannot hold {num_bits} bits.")
+    Every malformed read (past the end, an unterminated code, a value wider than 64 bits)
+    raises :class:`~fedlightning.errors.MessageDecodeError` naming ``codec``, the codec whose
+    message is being read.
+    """
+
+    def __init__(self, payload: bytes, num_bits: int, *, codec: str = "bitstream") -> None:
+        self.codec = codec
+        if num_bits < 0 or len(payload) * 8 < num_bits:
+            raise self.error(f"a payload of {len(payload)} bytes cannot hold {num_bits} bits")
         self._bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=num_bits)
         self._pos = 0
         self._num_bits = num_bits
         self._next_zero: np.ndarray | None = None
         self._next_one: np.ndarray | None = None
+
+    def error(self, what: str) -> MessageDecodeError:
+        """The decode error ``"<codec>: <what>."`` (``what`` says what is wrong with the stream)."""
+        return MessageDecodeError(f"{self.codec}: {what}.")
 
     @property
     def position(self) -> int:
@@ -256,7 +268,7 @@ class BitReader:
 
     def _take(self, n: int) -> np.ndarray:
         if n < 0 or self._pos + n > self._num_bits:
-            raise ValueError(f"Read of {n} bits at bit {self._pos} runs past the end ({self._num_bits} bits).")
+            raise self.error(f"a read of {n} bits at bit {self._pos} runs past the end ({self._num_bits} bits)")
         out = self._bits[self._pos : self._pos + n]
         self._pos += n
         return out
@@ -270,6 +282,8 @@ class BitReader:
 
     def read_array(self, count: int, nbits: int) -> np.ndarray:
         """``count`` unsigned integers of ``nbits`` (<= 64) bits each, as uint64."""
+        if not 0 <= nbits <= 64 or count < 0:
+            raise self.error(f"cannot read {count} fields of {nbits} bits (fields hold 0 to 64 bits)")
         if count == 0 or nbits == 0:
             self._take(0)
             return np.zeros(count, dtype=np.uint64)
@@ -305,7 +319,7 @@ class BitReader:
         """Count of ones before the next zero (the zero is consumed)."""
         stop = int(self._next_index(0)[self._pos])
         if stop >= self._num_bits:
-            raise ValueError("Unterminated unary code at the end of the stream.")
+            raise self.error("a unary code runs past the end of the stream")
         n = stop - self._pos
         self._pos = stop + 1
         return n
@@ -314,22 +328,30 @@ class BitReader:
         """One Elias-gamma integer."""
         one = int(self._next_index(1)[self._pos])
         if one >= self._num_bits:
-            raise ValueError("Unterminated Elias gamma code at the end of the stream.")
+            raise self.error("an Elias gamma code runs past the end of the stream")
         zeros = one - self._pos
+        if zeros >= 64:
+            raise self.error(f"an Elias gamma code of {zeros + 1} bits holds a value wider than 64 bits")
         self._pos = one
         return self.read_bits(zeros + 1)
 
     def read_elias_gamma_array(self, count: int) -> np.ndarray:
         """``count`` Elias-gamma integers."""
+        if count > self.remaining:
+            raise self.error(f"{count} Elias gamma codes need at least {count} bits, {self.remaining} remain")
         return np.array([self.read_elias_gamma() for _ in range(count)], dtype=np.uint64)
 
     def read_elias_delta(self) -> int:
         """One Elias-delta integer."""
         nb = self.read_elias_gamma()
+        if nb > 64:
+            raise self.error(f"an Elias delta code claims a {nb}-bit value (at most 64)")
         return (1 << (nb - 1)) | self.read_bits(nb - 1)
 
     def read_elias_delta_array(self, count: int) -> np.ndarray:
         """``count`` Elias-delta integers."""
+        if count > self.remaining:
+            raise self.error(f"{count} Elias delta codes need at least {count} bits, {self.remaining} remain")
         return np.array([self.read_elias_delta() for _ in range(count)], dtype=np.uint64)
 
     def read_rice(self, b: int) -> int:
@@ -341,6 +363,8 @@ class BitReader:
         """``count`` Golomb–Rice integers with divisor ``2**b``."""
         if count == 0:
             return np.zeros(0, dtype=np.uint64)
+        if count * (1 + b) > self.remaining:
+            raise self.error(f"{count} Golomb-Rice codes need at least {count * (1 + b)} bits, {self.remaining} remain")
         nxt = self._next_index(0)
         pos = self._pos
         quotients = np.empty(count, dtype=np.int64)
@@ -349,12 +373,16 @@ class BitReader:
         for i in range(count):  # O(1) per symbol thanks to the next-zero table
             stop = int(nxt[pos])
             if stop >= end:
-                raise ValueError("Unterminated Golomb-Rice code at the end of the stream.")
+                raise self.error("a Golomb-Rice code runs past the end of the stream")
             quotients[i] = stop - pos
             rem_starts[i] = stop + 1
             pos = stop + 1 + b
-        if pos > end:
-            raise ValueError("Golomb-Rice remainder runs past the end of the stream.")
+            if pos > end:
+                raise self.error("a Golomb-Rice remainder runs past the end of the stream")
+        if not 0 <= b < 64:
+            raise self.error(f"a Golomb-Rice parameter of {b} leaves no room in 64 bits")
+        if b and int(quotients.max()) >> (64 - b):
+            raise self.error(f"a Golomb-Rice quotient of {int(quotients.max())} overflows 64 bits with parameter {b}")
         self._pos = pos
         q = quotients.astype(np.uint64) << np.uint64(b)
         if b == 0:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedlightning.errors import MessageDecodeError
 from fedlightning.federated.message import Message
 
 __all__ = ["BFloat16Codec", "BitPackCodec", "DenseCodec", "Float16Codec", "Float32Codec"]
@@ -39,6 +40,12 @@ class DenseCodec:
         return Message(payload=payload, num_bits=8 * len(payload), codec=self, shape=tuple(x.shape))
 
     def decode(self, message: Message) -> Tensor:
+        numel = math.prod(message.shape)
+        expected = self.bits_per_coordinate * numel
+        if message.num_bits != expected:
+            raise MessageDecodeError(
+                f"{self.name}: a message of {numel} coordinates takes {expected} bits, this one has {message.num_bits}."
+            )
         wire = torch.int16 if self.dtype == torch.bfloat16 else self.dtype
         flat = torch.frombuffer(bytearray(message.payload), dtype=wire)
         return flat.view(self.dtype).to(torch.float32).reshape(message.shape)
@@ -72,7 +79,9 @@ class BFloat16Codec(DenseCodec):
 class BitPackCodec:
     """Binary vectors, one bit per coordinate (LSB first), no header.
 
-    Raises ``ValueError`` if the input is not 0/1: a mask codec must not silently round.
+    Raises ``ValueError`` if the input is not 0/1: a mask codec must not silently round;
+    decoding a message whose ``num_bits`` is not the mask's size raises
+    :class:`~fedlightning.errors.MessageDecodeError`.
     """
 
     name = "bitpack"
@@ -87,6 +96,10 @@ class BitPackCodec:
 
     def decode(self, message: Message) -> Tensor:
         numel = math.prod(message.shape)
+        if message.num_bits != numel:
+            raise MessageDecodeError(
+                f"{self.name}: a mask of {numel} coordinates takes {numel} bits, this message has {message.num_bits}."
+            )
         bits = np.unpackbits(np.frombuffer(message.payload, dtype=np.uint8), count=numel, bitorder="little")
         return torch.from_numpy(bits.astype(np.float32)).reshape(message.shape)
 

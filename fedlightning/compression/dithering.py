@@ -52,7 +52,7 @@ def _p_norm(x: Tensor, p: float) -> float:
 
 
 class Dithering(Compressor):
-    """General random dithering w.r.t. the ℓ_p norm with ``s`` levels.
+    """General random dithering w.r.t. the ℓ_p norm with ``s`` levels (refuses inf/NaN input).
 
     Args:
         p: norm (``1``, ``2``, ``inf`` or any ``p >= 1``).
@@ -83,6 +83,7 @@ class Dithering(Compressor):
             raise ValueError(f"level_code must be 'fixed' or 'elias' (got {level_code!r}).")
         if levels == "exponential" and base <= 1:
             raise ValueError(f"Exponential dithering needs base > 1 (got {base}).")
+        self.finite_output = True
         self.p, self.s, self.levels, self.base, self.level_code = p, int(s), levels, float(base), level_code
         self.name = name or f"dithering({levels},p={p:g},s={s})"
 
@@ -168,7 +169,7 @@ class Dithering(Compressor):
         else:
             L = reader.read_array(positions.size, max(0, (self.s - 1).bit_length())).astype(np.int64) + 1
         if L.max() > self.s:
-            raise ValueError(f"{self.name}: decoded level {L.max()} above s={self.s}.")
+            raise reader.error(f"a level decodes to {L.max()}, above s={self.s}")
         out[positions] = ((1 - 2 * neg) * float(norm) * self.level_values()[L]).astype(np.float32)
         return torch.from_numpy(out)
 

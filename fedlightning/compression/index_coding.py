@@ -111,23 +111,30 @@ def write_positions(writer: BitWriter, positions: Tensor | np.ndarray, dim: int)
 
 
 def read_positions(reader: BitReader, dim: int) -> np.ndarray:
-    """Read a position stream written by :func:`write_positions` (int64, sorted)."""
+    """Read a position stream written by :func:`write_positions` (int64, strictly increasing, in ``[0, dim)``).
+
+    Raises :class:`~fedlightning.errors.MessageDecodeError` for a count above ``dim``, a bitmap
+    whose ones disagree with the count, or gaps that reach ``dim`` (so no position wraps around
+    or repeats).
+    """
     k = reader.read_elias_gamma() - 1
     if k == 0:
         return np.zeros(0, dtype=np.int64)
     if k > dim:
-        raise ValueError(f"Position stream claims {k} non-zeros in dimension {dim}.")
+        raise reader.error(f"the position stream claims {k} non-zeros in dimension {dim}")
     if reader.read_bits(1):
         bitmap = reader.read_bitarray(dim)
         p = np.flatnonzero(bitmap).astype(np.int64)
         if p.size != k:
-            raise ValueError(f"Bitmap holds {p.size} ones, header says {k}.")
+            raise reader.error(f"the position bitmap holds {p.size} ones but its header says {k}")
         return p
     b = reader.read_bits(RICE_PARAM_BITS)
-    gaps = reader.read_rice_array(k, b).astype(np.int64)
-    p = np.cumsum(gaps + 1) - 1
+    gaps = reader.read_rice_array(k, b)
+    if int(gaps.max()) >= dim:  # each gap < dim, so the int64 cumulative sum below cannot wrap
+        raise reader.error(f"a position gap of {int(gaps.max())} reaches past dimension {dim}")
+    p = np.cumsum(gaps.astype(np.int64) + 1) - 1
     if p[-1] >= dim:
-        raise ValueError(f"Decoded position {p[-1]} is outside [0, {dim}).")
+        raise reader.error(f"decoded position {int(p[-1])} is outside [0, {dim})")
     return p
 
 
@@ -143,10 +150,10 @@ def encode_positions(positions: Tensor, dim: int) -> tuple[bytes, int]:
 
 def decode_positions(payload: bytes, num_bits: int, dim: int) -> Tensor:
     """Inverse of :func:`encode_positions` (int64 tensor of sorted positions)."""
-    r = BitReader(payload, num_bits)
+    r = BitReader(payload, num_bits, codec="position stream")
     p = read_positions(r, dim)
     if r.remaining:
-        raise ValueError(f"{r.remaining} bits left after the position stream.")
+        raise r.error(f"{r.remaining} bits are left after the position stream")
     return torch.from_numpy(p)
 
 
@@ -191,11 +198,11 @@ class SparseCodec:
 
     def decode(self, message: Message) -> Tensor:
         dim = math.prod(message.shape)
-        r = BitReader(message.payload, message.num_bits)
+        r = BitReader(message.payload, message.num_bits, codec=self.name)
         p = read_positions(r, dim)
         v = self.values.read(r, p.size)
         if r.remaining:
-            raise ValueError(f"{self.name}: {r.remaining} bits left after decoding.")
+            raise r.error(f"{r.remaining} bits are left after the last value")
         out = torch.zeros(dim, dtype=torch.float32)
         out[torch.from_numpy(p)] = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))
         return out.reshape(message.shape)

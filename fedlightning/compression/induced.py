@@ -33,6 +33,7 @@ class InducedCompressor(Compressor):
         if not c2.unbiased:
             raise ValueError(f"The induced compressor needs an unbiased C2; {c2.name} is biased.")
         self.c1, self.c2 = c1, c2
+        self.finite_output = c1.finite_output and c2.finite_output
         self.name = f"induced({c1.name}+{c2.name})"
 
     def omega(self, d: int) -> float:

@@ -60,6 +60,7 @@ class NaturalCompression(Compressor):
     """C_nat: unbiased stochastic rounding to powers of two; 9 bits per coordinate; ω = 1/8."""
 
     name = "natural"
+    finite_output = True
 
     def omega(self, d: int) -> float:
         return 1.0 / 8.0
@@ -118,6 +119,7 @@ class ExponentialRounding(Compressor):
         if base <= 1:
             raise ValueError(f"Exponential rounding needs base > 1 (got {base}).")
         self.base = float(base)
+        self.finite_output = True
         self.unbiased = unbiased
         self.deterministic = not unbiased
         self.name = f"exp_rounding(b={base:g},{'unbiased' if unbiased else 'nearest'})"
@@ -172,8 +174,11 @@ class ExponentialRounding(Compressor):
     def read(self, reader: BitReader, numel: int) -> Tensor:
         kmin = reader.read_bits(16) - 2**15
         width = reader.read_bits(6)
+        if width == 0:
+            raise reader.error("the exponent width is 0; the encoder writes at least 1")
         words = reader.read_array(numel, width + 1)
         code = (words & np.uint64((1 << width) - 1)).astype(np.int64)
         neg = (words >> np.uint64(width)).astype(np.float64)
-        mag = np.where(code > 0, np.power(self.base, (code - 1 + kmin).astype(np.float64)), 0.0)
-        return torch.from_numpy(((1 - 2 * neg) * mag).astype(np.float32))
+        with np.errstate(over="ignore"):  # an exponent beyond float range is caught as non-finite in decode
+            mag = np.where(code > 0, np.power(self.base, (code - 1 + kmin).astype(np.float64)), 0.0)
+            return torch.from_numpy(((1 - 2 * neg) * mag).astype(np.float32))

@@ -13,6 +13,9 @@ Metadata (thesis arXiv 2207.00392, §1.6 conventions):
 
 * ``unbiased``: ``E[C(x)] = x``;
 * ``omega(d)``: for unbiased operators, ``E‖C(x) − x‖² ≤ ω‖x‖²`` in dimension ``d``;
+* ``finite_output``: the encoder refuses inf/NaN, so a decoded non-finite value means a
+  corrupted message (:meth:`Compressor.decode` raises
+  :class:`~fedlightning.errors.MessageDecodeError`);
 * ``delta(d)``: the B³ parameter, ``E‖C(x) − x‖² ≤ (1 − 1/δ)‖x‖²`` (for an unbiased operator
   this is ``ω + 1``, the parameter of its scaled version ``C/(ω+1)``, Lemma 1.6.7);
   ``math.inf`` when no finite δ holds (plain sign).
@@ -52,6 +55,11 @@ def flat_cpu(x: Tensor) -> Tensor:
     return x.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
 
 
+def _refuse_non_finite(x: Tensor, who: str) -> None:
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{who} received inf or NaN; compress finite updates only.")
+
+
 def default_generator() -> torch.Generator:
     """A generator seeded with 0 (used only when the caller passes none)."""
     return torch.Generator().manual_seed(0)
@@ -65,6 +73,8 @@ class Compressor:
     deterministic = False
     accepts: frozenset[Payload] = DENSE_UPDATES
     """Payloads this operator understands: real-valued updates (model deltas, gradients)."""
+    finite_output = False
+    """True when :meth:`write` refuses inf/NaN: a valid message then decodes to finite values."""
 
     # ------------------------------------------------------------------ metadata
     def omega(self, d: int) -> float | None:
@@ -102,10 +112,13 @@ class Compressor:
     encode = compress  # a compressor is also a Codec (deterministic ones need no generator)
 
     def decode(self, message: Message) -> Tensor:
-        r = BitReader(message.payload, message.num_bits)
+        """``C(x)`` from the message; a malformed stream raises :class:`~fedlightning.errors.MessageDecodeError`."""
+        r = BitReader(message.payload, message.num_bits, codec=self.name)
         out = self.read(r, math.prod(message.shape))
         if r.remaining:
-            raise ValueError(f"{self.name}: {r.remaining} bits left after decoding.")
+            raise r.error(f"{r.remaining} bits are left after decoding")
+        if self.finite_output and not bool(np.isfinite(out.numpy()).all()):  # NumPy: far faster than torch on CPU
+            raise r.error("the stream decodes to inf or NaN, which this operator never sends")
         return out.reshape(message.shape)
 
     def __call__(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -137,11 +150,15 @@ class Identity(Compressor):
 
 
 class Sign(Compressor):
-    """``sign(x)`` (signSGD), 1 bit per coordinate; zero is sent as +1. Biased, no finite δ."""
+    """``sign(x)`` (signSGD), 1 bit per coordinate; zero is sent as +1. Biased, no finite δ.
+
+    inf/NaN are refused (NaN has no sign: sending +1 would hide a diverged update).
+    """
 
     name = "sign"
     unbiased = False
     deterministic = True
+    finite_output = True
 
     def omega(self, d: int) -> None:
         return None
@@ -153,6 +170,7 @@ class Sign(Compressor):
         return float(d)
 
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
+        _refuse_non_finite(x, self.name)
         writer.write_bitarray((x.numpy() < 0).astype(np.uint8))
         return 0
 
@@ -165,11 +183,13 @@ class ScaledSign(Compressor):
     """``(‖x‖₁/d)·sign(x)``: one float32 scale + 1 bit per coordinate.
 
     Deterministic; ``‖C(x) − x‖² = ‖x‖² − ‖x‖₁²/d ≤ (1 − 1/d)‖x‖²`` so δ = d [DERIVED].
+    inf/NaN are refused.
     """
 
     name = "scaled_sign"
     unbiased = False
     deterministic = True
+    finite_output = True
 
     def omega(self, d: int) -> None:
         return None
@@ -181,6 +201,7 @@ class ScaledSign(Compressor):
         return 32.0 + d
 
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
+        _refuse_non_finite(x, self.name)
         scale = np.float32(x.abs().sum(dtype=torch.float64).item() / max(x.numel(), 1))
         writer.write_array(np.array([scale], dtype=np.float32).view(np.uint32), 32)
         writer.write_bitarray((x.numpy() < 0).astype(np.uint8))
@@ -188,6 +209,8 @@ class ScaledSign(Compressor):
 
     def read(self, reader: BitReader, numel: int) -> Tensor:
         scale = reader.read_array(1, 32).astype(np.uint32).view(np.float32)[0]
+        if not np.isfinite(scale) or scale < 0:
+            raise reader.error(f"the scale is {scale}; the encoder sends a finite mean magnitude")
         neg = reader.read_bitarray(numel).astype(np.float32)
         return torch.from_numpy((1.0 - 2.0 * neg) * scale)
 
@@ -204,6 +227,7 @@ class Blockwise(Compressor):
         self.name = f"{inner.name}/layerwise"
         self.unbiased = inner.unbiased
         self.deterministic = inner.deterministic
+        self.finite_output = inner.finite_output
 
     def omega(self, d: int) -> float | None:
         if not self.unbiased:

@@ -45,6 +45,8 @@ __all__ = [
 class Sparsifier(Compressor):
     """Base of the sparsifiers: ``select`` chooses positions and values; the rest is coding."""
 
+    finite_output = True
+
     def __init__(self, *, k: int | None = None, fraction: float | None = None, values: str = "float32") -> None:
         if (k is None) == (fraction is None):
             raise ValueError("Give exactly one of k (kept coordinates) or fraction (density).")
@@ -277,6 +279,7 @@ class TopKThen(Compressor):
     def __init__(self, inner: Compressor, k: int | None = None, fraction: float | None = None) -> None:
         self.top = TopK(k=k, fraction=fraction)
         self.inner = inner
+        self.finite_output = inner.finite_output
         self.name = f"top_k({self.top._kdesc()})+{inner.name}"
 
     def omega(self, d: int) -> None:

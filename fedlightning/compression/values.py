@@ -138,8 +138,13 @@ class Int8Values(ValueCodec):
         if count == 0:
             return np.zeros(0, dtype=np.float32)
         scale = reader.read_array(1, 32).astype(np.uint32).view(np.float32)[0]
+        if scale < 0:
+            raise reader.error(f"the 8-bit value scale is negative ({scale})")
         q = reader.read_array(count, 8).astype(np.int64) - 128
-        return (q.astype(np.float32) * (scale / np.float32(127.0))).astype(np.float32)
+        if count and int(q.min()) < -127:
+            raise reader.error("an 8-bit value code is 0, outside the symmetric range 1..255 the encoder writes")
+        with np.errstate(invalid="ignore"):  # a NaN scale (from a NaN input) stays NaN, quietly
+            return (q.astype(np.float32) * (scale / np.float32(127.0))).astype(np.float32)
 
 
 class NaturalValues(ValueCodec):

@@ -3,7 +3,9 @@
 Sources, read without writing next to the data:
 
 * ``python`` — torchvision's ``<root>/cifar-10-batches-py`` (``cifar-100-python`` for CIFAR-100)
-  pickles; ``download=True`` fetches the official archive through torchvision.
+  pickles; ``download=True`` fetches the official archive through torchvision. The batches are
+  read with a restricted unpickler that builds only the containers and NumPy arrays an official
+  batch holds, so a crafted file cannot run code; anything else stops with one sentence.
 * ``jpeg`` (CIFAR-10 only) — ``<root>/cifar10/cifar10-jpeg-q75.tar`` holding
   ``{train,test}/<class>/NNNN.jpg``, read straight from the tar. JPEG quality 75 is **lossy**:
   fine for pipeline tests and demos, not for comparisons with papers (a notice says so). The
@@ -30,6 +32,7 @@ import os
 import pickle
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,10 +89,68 @@ def random_crop_flip(
     return x
 
 
+_BATCH_GLOBALS = frozenset(
+    {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),  # NumPy < 2 spelling (the official batches)
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"),  # pickle protocol 5 arrays
+        ("numpy._core.numeric", "_frombuffer"),
+        ("_codecs", "encode"),  # bytes in a protocol-2 pickle written by Python 3
+    }
+)
+"""The only callables a CIFAR python batch (a dict of arrays, lists, bytes) needs to be rebuilt."""
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickler that resolves only :data:`_BATCH_GLOBALS`; any other global is refused before it is imported."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _BATCH_GLOBALS:
+            raise pickle.UnpicklingError(f"it asks for {module}.{name}, which no CIFAR batch contains")
+        return super().find_class(module, name)
+
+
 def _read_pickle(path: Path) -> dict[str, object]:
-    with path.open("rb") as f:
-        raw = pickle.load(f, encoding="latin1")
+    """A CIFAR python batch as a dict with str keys, read without executing anything from the file."""
+    fix = (
+        "replace it with the file from the official cifar-10-python.tar.gz / cifar-100-python.tar.gz "
+        "(or delete the folder and set data.download=true)"
+    )
+    try:
+        with path.open("rb") as f:
+            raw = _BatchUnpickler(f, encoding="latin1").load()
+    except Exception as err:  # nothing from the file can run, so any failure means a malformed batch
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataUnavailableError(
+            f"{path} is not a valid CIFAR python batch ({why}), so it was not loaded; {fix}."
+        ) from None
+    if not isinstance(raw, dict):
+        raise DataUnavailableError(f"{path} holds a {type(raw).__name__}, not a CIFAR batch dict; {fix}.")
     return {k.decode() if isinstance(k, bytes) else k: v for k, v in raw.items()}
+
+
+def _batch_arrays(path: Path, raw: dict[str, object], label_key: str, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Images ``uint8 (N, 3, 32, 32)`` and labels ``int64 (N,)`` of a batch, or one sentence saying what is wrong."""
+    data, labels = raw.get("data"), raw.get(label_key)
+    y = None
+    if isinstance(labels, list | np.ndarray) and all(isinstance(v, int | np.integer) for v in labels):
+        y = np.asarray(labels, dtype=np.int64).reshape(-1)
+    if (
+        not isinstance(data, np.ndarray)
+        or data.dtype != np.uint8
+        or data.ndim != 2
+        or data.shape[1] != 3 * 32 * 32
+        or y is None
+        or y.size != data.shape[0]
+        or (y.size and (int(y.min()) < 0 or int(y.max()) >= classes))
+    ):
+        raise DataUnavailableError(
+            f"{path} is not a CIFAR python batch (it needs 'data' as uint8 (N, 3072) and N '{label_key}' in "
+            f"[0, {classes})); replace it with the file from the official archive."
+        )
+    return data.reshape(-1, 3, 32, 32), y
 
 
 class CIFAR10DataModule(FederatedDataModule):
@@ -219,9 +280,9 @@ class CIFAR10DataModule(FederatedDataModule):
             for path in files:
                 if not path.is_file():
                     raise self._unavailable(path)
-                raw = _read_pickle(path)
-                xs.append(np.asarray(raw["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-                ys.append(np.asarray(raw[label_key], dtype=np.int64))
+                x, y = _batch_arrays(path, _read_pickle(path), label_key, self.num_classes)
+                xs.append(x)
+                ys.append(y)
             out.append((torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))))
         return out[0], out[1]
 

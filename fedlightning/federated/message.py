@@ -9,9 +9,12 @@ never computed from a formula in the accounting: they are read off the message.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
+
+from fedlightning.errors import MessageDecodeError
 
 
 @runtime_checkable
@@ -48,11 +51,16 @@ class Message:
     header_bits: int = 0
 
     def __post_init__(self) -> None:
+        name = getattr(self.codec, "name", type(self.codec).__name__)
+        if not isinstance(self.num_bits, Integral) or self.num_bits < 0:
+            raise MessageDecodeError(f"{name}: num_bits must be a non-negative integer (got {self.num_bits!r}).")
         if len(self.payload) != (self.num_bits + 7) // 8:
-            raise ValueError(
-                f"{self.codec.name} wrote {len(self.payload)} bytes for a {self.num_bits}-bit "
-                "stream; a codec must pad to whole bytes only."
+            raise MessageDecodeError(
+                f"{name}: a {self.num_bits}-bit stream takes {(self.num_bits + 7) // 8} bytes but the payload "
+                f"holds {len(self.payload)}; a codec pads to whole bytes only."
             )
+        if any(not isinstance(d, Integral) or d < 0 for d in self.shape):
+            raise MessageDecodeError(f"{name}: a message shape has non-negative integer sizes (got {self.shape!r}).")
 
     def decode(self) -> Tensor:
         """The tensor the receiver reconstructs."""

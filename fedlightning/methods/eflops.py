@@ -266,7 +266,9 @@ class GateMessageCodec:
     def decode(self, message: Message) -> Tensor:
         total = math.prod(message.shape)
         dim = (total - 1 - self.num_groups) // 2
-        r = BitReader(message.payload, message.num_bits)
+        r = BitReader(message.payload, message.num_bits, codec=self.name)
+        if total != 2 * dim + self.num_groups + 1 or dim < 0:
+            raise r.error(f"a shape of {total} entries is not 2 d + {self.num_groups} + 1 for any dimension d")
         positions = torch.from_numpy(read_positions(r, dim))
         k = positions.numel()
         theta_s = r.read_array(k, 32).astype(np.uint32).view(np.float32)
@@ -274,7 +276,7 @@ class GateMessageCodec:
         pi_off = r.read_array(self.num_groups, 32).astype(np.uint32).view(np.float32) if self.num_groups else None
         lam = r.read_array(1, 32).astype(np.uint32).view(np.float32)
         if r.remaining:
-            raise ValueError(f"{self.name}: {r.remaining} bits left after decoding.")
+            raise r.error(f"{r.remaining} bits are left after decoding")
         out = torch.zeros(total, dtype=torch.float32)
         out[positions] = torch.from_numpy(theta_s.copy())
         out[dim + positions] = torch.from_numpy(pi_s.copy())
