@@ -277,6 +277,12 @@ class GateMessageCodec:
         lam = r.read_array(1, 32).astype(np.uint32).view(np.float32)
         if r.remaining:
             raise r.error(f"{r.remaining} bits are left after decoding")
+        values = np.concatenate([theta_s, pi_s, pi_off if pi_off is not None else pi_s[:0], lam])
+        if not np.isfinite(values).all():
+            raise r.error("a parameter, gate probability or multiplier is not finite")
+        probabilities = np.concatenate([pi_s, pi_off if pi_off is not None else pi_s[:0]])
+        if ((probabilities < 0) | (probabilities > 1)).any():
+            raise r.error("a gate probability lies outside [0, 1]")
         out = torch.zeros(total, dtype=torch.float32)
         out[positions] = torch.from_numpy(theta_s.copy())
         out[dim + positions] = torch.from_numpy(pi_s.copy())
