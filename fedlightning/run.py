@@ -45,6 +45,7 @@ from fedlightning.run_folder import (
     latest_good_checkpoint,
     locked,
     run_config,
+    write_record,
 )
 
 log = logging.getLogger("fedlightning")
@@ -144,7 +145,7 @@ def run(
     manage = int(getattr(rank_zero_only, "rank", 0)) == 0  # the first process keeps the folder
     config = run_config(cfg)
     with locked(output_dir) if manage else contextlib.nullcontext():
-        done = claim(output_dir, config, manage=manage)
+        done = claim(output_dir, config)
         if done is not None:
             log.info(
                 "The run in %s is already complete (summary.json): nothing is redone. "
@@ -215,6 +216,7 @@ def _run(
 
     loggers = _loggers(cfg, output_dir)
     if manage:
+        write_record(output_dir, config)
         _cut_back(output_dir, resume, source, loggers)
     trainer: L.Trainer = _build(
         cfg.trainer,

@@ -98,48 +98,54 @@ def config_differences(recorded: Mapping[str, Any], current: Mapping[str, Any], 
     return out
 
 
-def claim(output_dir: Path, config: dict[str, Any], *, manage: bool) -> dict[str, Any] | None:
+def claim(output_dir: Path, config: dict[str, Any]) -> dict[str, Any] | None:
     """Check ``output_dir`` against ``config``; the recorded summary if the run is already complete.
 
-    Writes ``run.json`` into a new run folder (when ``manage``: the first process).
+    A folder without run outputs (:data:`RUN_OUTPUTS`) is free, whatever its ``run.json`` says
+    (a run that stopped before training, e.g. on a config error, leaves no outputs).
 
     Raises:
-        ConfigError: the folder holds a run of another config, or run outputs without ``run.json``.
+        ConfigError: the folder holds outputs of a run of another config, or outputs without
+            ``run.json``.
     """
-    record = output_dir / RUN_FILE
-    if record.is_file():
-        try:
-            recorded = json.loads(record.read_text())["config"]
-        except (ValueError, KeyError, TypeError):
-            raise ConfigError(
-                f"{record} is not a fedlightning run record; delete the run folder {output_dir} "
-                "or choose another one (hydra.run.dir=...)."
-            ) from None
-        differences = config_differences(recorded, config)
-        if differences:
-            shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")
-            raise ConfigError(
-                f"The run folder {output_dir} holds a run with another config ({shown}); "
-                "choose another folder (hydra.run.dir=...) or delete this one to start over."
-            )
-        summary = output_dir / SUMMARY_FILE
-        if summary.is_file():
-            try:
-                done: dict[str, Any] = json.loads(summary.read_text())
-            except ValueError:
-                done = {}
-            if done:
-                return done
-        return None
     found = [name for name in RUN_OUTPUTS if (output_dir / name).exists()]
-    if found:
+    if not found:
+        return None
+    record = output_dir / RUN_FILE
+    if not record.is_file():
         raise ConfigError(
             f"The folder {output_dir} holds run outputs ({', '.join(found)}) but no {RUN_FILE} saying which "
             "config made them; choose another folder (hydra.run.dir=...) or delete them to start over."
         )
-    if manage:
-        _write_atomic(record, json.dumps({"format": 1, "ignored": list(IGNORED_KEYS), "config": config}, indent=2))
+    try:
+        recorded = json.loads(record.read_text())["config"]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"{record} is not a fedlightning run record; delete the run folder {output_dir} "
+            "or choose another one (hydra.run.dir=...)."
+        ) from None
+    differences = config_differences(recorded, config)
+    if differences:
+        shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")
+        raise ConfigError(
+            f"The run folder {output_dir} holds a run with another config ({shown}); "
+            "choose another folder (hydra.run.dir=...) or delete this one to start over."
+        )
+    summary = output_dir / SUMMARY_FILE
+    if summary.is_file():
+        try:
+            done: dict[str, Any] = json.loads(summary.read_text())
+        except ValueError:  # a summary cut short: the run resumes and writes it again
+            return None
+        return done
     return None
+
+
+def write_record(output_dir: Path, config: dict[str, Any]) -> None:
+    """Record ``config`` in ``<output_dir>/run.json`` (atomically)."""
+    _write_atomic(
+        output_dir / RUN_FILE, json.dumps({"format": 1, "ignored": list(IGNORED_KEYS), "config": config}, indent=2)
+    )
 
 
 @contextlib.contextmanager
@@ -182,13 +188,14 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         checkpoint = safe_torch_load(path)
     except Exception as exc:  # torch raises many types for a damaged file
         text = str(exc)
-        if "weights_only" in text or "Weights only load failed" in text or "Unsupported global" in text:
+        if "Unsupported global" in text:  # the weights-only unpickler refused to import something
             raise UnreadableCheckpointError(
                 "holds objects other than tensors and plain containers, which are not loaded "
                 "(unpickling them could run code)"
             ) from None
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        raise UnreadableCheckpointError(f"is truncated or corrupted ({type(exc).__name__}: {first[:120]})") from None
+        text = text.split("WeightsUnpickler error:")[-1].strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        raise UnreadableCheckpointError(f"is truncated or corrupted ({type(exc).__name__}: {first[:100]})") from None
     if not isinstance(checkpoint, dict) or not {"state_dict", "loops", "global_step"} <= set(checkpoint):
         raise UnreadableCheckpointError("is not a Lightning checkpoint (it lacks state_dict, loops or global_step)")
     return checkpoint
@@ -207,22 +214,27 @@ def checkpoint_metrics(checkpoint: Mapping[str, Any]) -> dict[str, float]:
 
 
 def latest_good_checkpoint(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The readable checkpoint with the most rounds in ``folder`` (``last.ckpt`` first on a tie).
+    """The readable checkpoint with the most rounds in ``folder`` (``last.ckpt`` on a tie).
 
     An unreadable checkpoint is reported in the log and the previous one tried.
     """
     if not folder.is_dir():
         return None
-    candidates = []
-    for path in folder.glob("*.ckpt"):
-        if path.name == LAST:
-            candidates.append((float("inf"), path))
-        elif path.name.startswith("round-"):
-            try:
-                candidates.append((float(int(path.stem.removeprefix("round-"))), path))
-            except ValueError:
-                continue
-    for _, path in sorted(candidates, key=lambda c: c[0], reverse=True):
+    rounds: list[tuple[int, Path]] = []
+    for path in folder.glob("round-*.ckpt"):
+        with contextlib.suppress(ValueError):
+            rounds.append((int(path.stem.removeprefix("round-")), path))
+    rounds.sort(reverse=True)
+    last = folder / LAST
+    if last.exists():
+        try:
+            checkpoint = read_checkpoint(last)
+        except UnreadableCheckpointError as exc:
+            log.warning("Checkpoint %s %s; resuming from the previous good checkpoint instead.", last, exc)
+        else:
+            if not rounds or checkpoint_round(checkpoint) >= rounds[0][0]:
+                return last, checkpoint
+    for _, path in rounds:
         try:
             checkpoint = read_checkpoint(path)
         except UnreadableCheckpointError as exc:
@@ -341,6 +353,8 @@ def cut_csv(path: Path, keep: Any, *, source: Path | None = None) -> None:
 def cut_back(output_dir: Path, resume_round: int, metrics_files: list[Path], *, source: Path | None = None) -> None:
     """Cut the run's CSVs back to the first ``resume_round`` rounds (remove them for round 0).
 
+    Temporary files left by a write that a kill cut short are removed too.
+
     ``comm_records.csv`` keeps the rows of rounds ``< resume_round`` (0-based), the loggers'
     ``metrics.csv`` the rows logged at steps ``< resume_round`` (round r logs at step r - 1),
     and ``bits_vs_accuracy.csv`` its points up to round ``resume_round``. With ``source`` (the
@@ -350,6 +364,9 @@ def cut_back(output_dir: Path, resume_round: int, metrics_files: list[Path], *, 
     def from_source(path: Path) -> Path | None:
         return None if source is None else source / path.relative_to(output_dir)
 
+    for folder in {output_dir, output_dir / CHECKPOINTS, *(path.parent for path in metrics_files)}:
+        for stale in folder.glob(".*.tmp-*"):  # a write cut short by a kill
+            stale.unlink(missing_ok=True)
     k = resume_round
     if k == 0 and source is None:  # a fresh start: nothing of an earlier attempt stays
         for path in (output_dir / RECORDS_FILE, output_dir / CURVE_FILE, *metrics_files):
