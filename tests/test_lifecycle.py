@@ -30,7 +30,7 @@ from fedlightning.checkpointing import RoundCheckpoint, atomic_torch_save
 from fedlightning.errors import ConfigError
 from fedlightning.loggers import ResumableExperimentWriter
 from fedlightning.run import run
-from fedlightning.run_folder import cut_csv
+from fedlightning.run_folder import cut_csv, locked
 
 from .conftest import REPO_ROOT, compose_config
 
@@ -68,10 +68,12 @@ def _rows(path: Path, drop: tuple[str, ...] = ()) -> list[dict[str, str]]:
         return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(handle)]
 
 
-def _assert_same_run(straight: Path, resumed: Path) -> None:
+def _assert_same_run(
+    straight: Path, resumed: Path, *, not_compared: tuple[str, ...] = (), same_checkpoints: bool = True
+) -> None:
     a, b = (json.loads((folder / "summary.json").read_text()) for folder in (straight, resumed))
     assert a.keys() == b.keys()
-    for key in sorted(a.keys() - NOT_COMPARED):
+    for key in sorted(a.keys() - NOT_COMPARED - set(not_compared)):
         assert b[key] == a[key], key
     assert "val/acc_best" in a
     assert _rows(resumed / "comm_records.csv") == _rows(straight / "comm_records.csv")
@@ -80,7 +82,8 @@ def _assert_same_run(straight: Path, resumed: Path) -> None:
     assert header == (straight / "csv/metrics.csv").read_text().splitlines()[0]
     assert _rows(resumed / "csv/metrics.csv", TIMING_COLUMNS) == _rows(straight / "csv/metrics.csv", TIMING_COLUMNS)
     names = sorted(p.name for p in (resumed / "checkpoints").iterdir())
-    assert names == sorted(p.name for p in (straight / "checkpoints").iterdir())  # no round-0002-v1.ckpt
+    if same_checkpoints:
+        assert names == sorted(p.name for p in (straight / "checkpoints").iterdir())  # no round-0002-v1.ckpt
     state = {f: torch.load(f / "checkpoints/last.ckpt", weights_only=True)["state_dict"] for f in (straight, resumed)}
     for name, tensor in state[straight].items():
         assert torch.equal(state[resumed][name], tensor), name
@@ -325,3 +328,17 @@ def test_metrics_writer_continues_the_file_it_finds(tmp_path: Path) -> None:
     writer.log_metrics({"acc": 0.75}, step=1)  # a new column: the file is rewritten with it
     writer.save()
     assert (tmp_path / "metrics.csv").read_text() == "acc,loss,step\n,0.5,0\n,0.25,1\n0.75,,1\n"
+
+
+def test_ckpt_path_into_a_new_folder_continues_the_csvs_of_its_run(finished: Path, tmp_path: Path) -> None:
+    checkpoint = finished / "checkpoints/round-0001.ckpt"
+    overrides = ["rounds=2", "checkpoint_every=1", "logger=csv", "data.num_clients=3", f"ckpt_path={checkpoint}"]
+    summary = run(compose_config(overrides), tmp_path / "resumed")
+    assert summary["resumed_from_round"] == 1
+    # The config records ckpt_path; the new folder holds the checkpoints of round 2 only.
+    _assert_same_run(finished, tmp_path / "resumed", not_compared=("config",), same_checkpoints=False)
+
+
+def test_a_folder_held_by_another_run_is_refused(tmp_path: Path) -> None:
+    with locked(tmp_path), pytest.raises(ConfigError, match="Another run is writing the run folder"):
+        run(compose_config(["rounds=1"]), tmp_path)
