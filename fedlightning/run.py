@@ -44,8 +44,10 @@ from fedlightning.run_folder import (
     cut_back,
     latest_good_checkpoint,
     locked,
+    missing_rows,
     run_config,
     write_record,
+    write_text_atomic,
 )
 
 log = logging.getLogger("fedlightning")
@@ -190,7 +192,6 @@ def _run(
 
     rounds = int(cfg.rounds)
     eval_every = min(int(cfg.get("eval_every", 1)), rounds)
-    resume, source = _resume_point(cfg, output_dir, config, module, rounds)
     method_name = choices.get("method") or type(module).__name__.lower()
     accountant = CommunicationAccountant(records_path=output_dir / "comm_records.csv")
     score = f"val/{module.score_name}"
@@ -215,6 +216,8 @@ def _run(
             callbacks.append(_build(node, f"callbacks.{name}"))
 
     loggers = _loggers(cfg, output_dir)
+    metrics_files = [lg.metrics_file for lg in loggers if isinstance(lg, CSVLogger)]
+    resume, source = _resume_point(cfg, output_dir, config, module, rounds, metrics_files)
     if manage:
         write_record(output_dir, config)
         _cut_back(output_dir, resume, source, loggers)
@@ -282,7 +285,7 @@ def _run(
             {k: v for k, v in metrics.items() if k.startswith(("test/", "val/", "model/")) and k not in summary}
         )
         if trainer.is_global_zero:  # one process writes the results
-            (output_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2))
+            write_text_atomic(output_dir / "summary.json", json.dumps(_jsonable(summary), indent=2))
         log.info(
             "test/%s %.4f | uplink %d bits (%.3gx vs float32) | downlink %d bits | %.1f s | %s",
             module.score_name,
@@ -307,20 +310,24 @@ def _run(
 
 
 def _resume_point(
-    cfg: DictConfig, output_dir: Path, config: dict[str, Any], module: Any, rounds: int
+    cfg: DictConfig, output_dir: Path, config: dict[str, Any], module: Any, rounds: int, metrics_files: list[Path]
 ) -> tuple[Resume, Path | None]:
     """Where the run starts, checked before compute, and the run folder its rows come from.
 
     ``ckpt_path`` if given (checked: readable, this model and method, not past ``rounds``),
-    else the latest good checkpoint of ``<output_dir>/checkpoints``, else round 0. The second
-    value is the other run folder of a ``ckpt_path`` there (its CSVs seed this folder's).
+    else the latest good checkpoint of ``<output_dir>/checkpoints`` (readable, and its round's
+    training row in ``metrics_files``), else round 0. The second value is the other run folder
+    of a ``ckpt_path`` there (its CSVs seed this folder's).
     """
     explicit = cfg.get("ckpt_path")
     if explicit:
         path = Path(str(explicit)).expanduser()
         checkpoint = check_explicit_checkpoint(path)
     else:
-        found = latest_good_checkpoint(output_dir / CHECKPOINTS)
+        found = latest_good_checkpoint(
+            output_dir / CHECKPOINTS,
+            accept=lambda checkpoint: missing_rows(metrics_files, checkpoint_round(checkpoint)),
+        )
         if found is None:
             return Resume(), None
         path, checkpoint = found

@@ -24,7 +24,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,7 +143,7 @@ def claim(output_dir: Path, config: dict[str, Any]) -> dict[str, Any] | None:
 
 def write_record(output_dir: Path, config: dict[str, Any]) -> None:
     """Record ``config`` in ``<output_dir>/run.json`` (atomically)."""
-    _write_atomic(
+    write_text_atomic(
         output_dir / RUN_FILE, json.dumps({"format": 1, "ignored": list(IGNORED_KEYS), "config": config}, indent=2)
     )
 
@@ -213,10 +213,13 @@ def checkpoint_metrics(checkpoint: Mapping[str, Any]) -> dict[str, float]:
     return {str(k): float(v) for k, v in (metrics or {}).items()}
 
 
-def latest_good_checkpoint(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The readable checkpoint with the most rounds in ``folder`` (``last.ckpt`` on a tie).
+def latest_good_checkpoint(
+    folder: Path, *, accept: Callable[[dict[str, Any]], str | None] = lambda checkpoint: None
+) -> tuple[Path, dict[str, Any]] | None:
+    """The good checkpoint with the most rounds in ``folder`` (``last.ckpt`` on a tie).
 
-    An unreadable checkpoint is reported in the log and the previous one tried.
+    Good: readable, and ``accept(checkpoint)`` gives no reason against it. A checkpoint that is
+    not good is reported in the log and the previous one tried.
     """
     if not folder.is_dir():
         return None
@@ -226,21 +229,43 @@ def latest_good_checkpoint(folder: Path) -> tuple[Path, dict[str, Any]] | None:
             rounds.append((int(path.stem.removeprefix("round-")), path))
     rounds.sort(reverse=True)
     last = folder / LAST
-    if last.exists():
-        try:
-            checkpoint = read_checkpoint(last)
-        except UnreadableCheckpointError as exc:
-            log.warning("Checkpoint %s %s; resuming from the previous good checkpoint instead.", last, exc)
-        else:
-            if not rounds or checkpoint_round(checkpoint) >= rounds[0][0]:
-                return last, checkpoint
-    for _, path in rounds:
+    candidates = [last] if last.exists() else []
+    candidates += [path for _, path in rounds]
+    newest = rounds[0][0] if rounds else -1
+    for path in candidates:
         try:
             checkpoint = read_checkpoint(path)
         except UnreadableCheckpointError as exc:
-            log.warning("Checkpoint %s %s; resuming from the previous good checkpoint instead.", path, exc)
-            continue
-        return path, checkpoint
+            reason: str | None = str(exc)
+        else:
+            if path == last and checkpoint_round(checkpoint) < newest:
+                continue  # a newer round checkpoint exists (last.ckpt was not yet replaced)
+            reason = accept(checkpoint)
+            if reason is None:
+                return path, checkpoint
+        log.warning("Checkpoint %s %s; resuming from the previous good checkpoint instead.", path, reason)
+    return None
+
+
+def missing_rows(metrics_files: list[Path], round_idx: int) -> str | None:
+    """Why ``metrics_files`` lack the training row of round ``round_idx`` (``None``: they have it).
+
+    A round that is not evaluated is checkpointed just before its training row is logged; a
+    kill in between leaves a checkpoint whose round the metrics would then miss.
+    """
+    if round_idx == 0:
+        return None
+    step = str(round_idx - 1)
+    for path in metrics_files:
+        found = False
+        if path.is_file():
+            with path.open(newline="") as handle:
+                for row in csv.DictReader(handle):
+                    if row.get("step") == step and row.get("train/loss"):
+                        found = True
+                        break
+        if not found:
+            return f"is from round {round_idx}, whose training row never reached {path.name} (killed in between)"
     return None
 
 
@@ -347,7 +372,7 @@ def cut_csv(path: Path, keep: Any, *, source: Path | None = None) -> None:
     writer = csv.writer(out, lineterminator="\r\n" if "\r\n" in text[:2000] else "\n")
     writer.writerow(header)
     writer.writerows(kept)
-    _write_atomic(path, out.getvalue())
+    write_text_atomic(path, out.getvalue())
 
 
 def cut_back(output_dir: Path, resume_round: int, metrics_files: list[Path], *, source: Path | None = None) -> None:
@@ -378,7 +403,8 @@ def cut_back(output_dir: Path, resume_round: int, metrics_files: list[Path], *, 
         cut_csv(path, lambda r: float(r["step"]) < k, source=from_source(path))
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file next to ``path``, flushed to disk, then renamed onto it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:

@@ -136,6 +136,19 @@ def test_killed_run_run_again_equals_the_uninterrupted_run(method: str, tmp_path
     _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
 
 
+@pytest.mark.parametrize(("where", "resumed_from"), [("after_checkpoint", 2), ("mid_round", 3)])
+def test_a_round_without_validation_resumes_only_once_its_training_row_is_written(
+    where: str, resumed_from: int, tmp_path: Path
+) -> None:
+    # Round 3 is not evaluated (eval_every=2): its checkpoint precedes its training row, so a
+    # kill right after the checkpoint makes the run resume from round 2's.
+    cfg = compose_config([*RUN, "eval_every=2"])
+    run(cfg, tmp_path / "straight")
+    _killed(cfg, tmp_path / "resumed", round_idx=3, where=where)
+    assert run(cfg, tmp_path / "resumed")["resumed_from_round"] == resumed_from
+    _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
+
+
 def test_a_truncated_checkpoint_is_reported_and_the_previous_one_used(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
