@@ -182,7 +182,9 @@ def test_the_command_killed_from_outside_and_run_again_equals_the_uninterrupted_
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 240
     while not (folder / "checkpoints" / "round-0002.ckpt").exists():
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended before round 2"
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the run ended or stalled before round 2: {process.communicate()[1].decode()[-2000:]}")
         time.sleep(0.01)
     process.kill()  # SIGKILL
     process.communicate(timeout=60)
