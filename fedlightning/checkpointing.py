@@ -96,7 +96,7 @@ class RoundCheckpoint(Checkpoint):
 
     A round that is evaluated is saved at the end of its validation, one that is not right after
     its training step; the last round is always evaluated (the callback asks the trainer to stop
-    there, which makes Lightning validate it inside ``fit``) and then saved as ``last.ckpt``.
+    there, which makes Lightning validate it inside ``fit``) and saved at the end of training.
     Each checkpoint records, under the ``fedlightning`` key, the run's config and the scalar
     metrics seen so far, so a run resumed from its final checkpoint still reports them.
 
@@ -118,7 +118,6 @@ class RoundCheckpoint(Checkpoint):
         self.every = every
         self.eval_every = eval_every
         self.config = config or {}
-        self._saved_step: int | None = None
 
     def _evaluated(self, trainer: L.Trainer, step: int) -> bool:
         return step % self.eval_every == 0 or step == trainer.max_steps
@@ -141,17 +140,17 @@ class RoundCheckpoint(Checkpoint):
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
         step = trainer.global_step
-        if self._due(step) or step == trainer.max_steps:
+        if self._due(step) and step != trainer.max_steps:
             self._save(trainer, step)
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        step = trainer.global_step
-        if step == trainer.max_steps and self._saved_step != step:  # no validation ran (no val batches)
-            self._save(trainer, step)
+        # The final round is saved once the loop has closed its epoch: a run resumed from it has
+        # nothing left to train and logs its test at the step the uninterrupted run does.
+        if trainer.global_step == trainer.max_steps:
+            self._save(trainer, trainer.global_step)
 
     def _save(self, trainer: L.Trainer, step: int) -> None:
-        self._saved_step = step
         last = self.dirpath / LAST
         if self._due(step):
             path = self.dirpath / round_checkpoint_name(step)

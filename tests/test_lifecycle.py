@@ -136,6 +136,15 @@ def test_killed_run_run_again_equals_the_uninterrupted_run(method: str, tmp_path
     _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
 
 
+def test_a_run_killed_after_its_final_checkpoint_only_tests_and_summarises(tmp_path: Path) -> None:
+    # Nothing is left to train: the validation metrics come from the checkpoint.
+    cfg = compose_config([*RUN, "eval_every=3"])
+    run(cfg, tmp_path / "straight")
+    _killed(cfg, tmp_path / "resumed", round_idx=ROUNDS, where="after_checkpoint")
+    assert run(cfg, tmp_path / "resumed")["resumed_from_round"] == ROUNDS
+    _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
+
+
 @pytest.mark.parametrize(("where", "resumed_from"), [("after_checkpoint", 2), ("mid_round", 3)])
 def test_a_round_without_validation_resumes_only_once_its_training_row_is_written(
     where: str, resumed_from: int, tmp_path: Path
