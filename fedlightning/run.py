@@ -6,11 +6,13 @@ and the CLI (``fedlightning.cli``) is only a shell around it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,15 +21,34 @@ import lightning as L
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.callbacks.bits_accuracy import BitsVsAccuracy
+from fedlightning.checkpointing import AtomicCheckpointIO, RoundCheckpoint, scalar_metrics
 from fedlightning.errors import ConfigError, FedLightningError
 from fedlightning.federated.channel import IncompatiblePayloadError
 from fedlightning.federated.rng import SERVER, stream_seed
+from fedlightning.loggers import CSVLogger
 from fedlightning.models import build_model
+from fedlightning.run_folder import (
+    CHECKPOINTS,
+    RUN_FILE,
+    Resume,
+    check_explicit_checkpoint,
+    check_fits,
+    checkpoint_metrics,
+    checkpoint_round,
+    claim,
+    cut_back,
+    latest_good_checkpoint,
+    locked,
+    missing_rows,
+    run_config,
+    write_record,
+    write_text_atomic,
+)
 from fedlightning.schema import validate_config
 
 log = logging.getLogger("fedlightning")
@@ -90,6 +111,10 @@ def run(
 ) -> dict[str, Any]:
     """Fit and test one federated run; write ``summary.json`` and plots into ``output_dir``.
 
+    One run folder holds one run (see :mod:`fedlightning.run_folder`): its config is recorded
+    in ``run.json``; the same config run again resumes from the folder's latest good checkpoint
+    (or returns the recorded summary of a complete run), another config is refused.
+
     Args:
         cfg: a config composed from ``configs/train.yaml``.
         output_dir: folder for logs, checkpoints, ``summary.json`` and the bits/accuracy plot.
@@ -103,6 +128,30 @@ def run(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     validate_config(cfg)
+    manage = int(getattr(rank_zero_only, "rank", 0)) == 0  # the first process keeps the folder
+    config = run_config(cfg)
+    with locked(output_dir) if manage else contextlib.nullcontext():
+        done = claim(output_dir, config)
+        if done is not None:
+            log.info(
+                "The run in %s is already complete (summary.json): nothing is redone. "
+                "Delete the folder or choose another one (hydra.run.dir=...) to run it again.",
+                output_dir,
+            )
+            return done
+        return _run(cfg, output_dir, config, started=started, manage=manage, choices=choices, overrides=overrides)
+
+
+def _run(
+    cfg: DictConfig,
+    output_dir: Path,
+    config: dict[str, Any],
+    *,
+    started: float,
+    manage: bool,
+    choices: Mapping[str, str | None] | None,
+    overrides: Sequence[str],
+) -> dict[str, Any]:
     choices = dict(choices or {})
     configure_threads(cfg.get("threads"))
 
@@ -125,17 +174,19 @@ def run(
         )
     module = _build(cfg.method, "method", model=model, datamodule=datamodule, seed=int(cfg.seed))
 
+    rounds = int(cfg.rounds)
+    eval_every = min(int(cfg.get("eval_every", 1)), rounds)
     method_name = choices.get("method") or type(module).__name__.lower()
     accountant = CommunicationAccountant(records_path=output_dir / "comm_records.csv")
     score = f"val/{module.score_name}"
     curve = BitsVsAccuracy(output_dir=output_dir, title=f"{method_name} on {data_name}", metric=score)
-    checkpoints = ModelCheckpoint(
-        dirpath=output_dir / "checkpoints",
-        filename="round-{step:04d}",
-        auto_insert_metric_name=False,  # no "=" in file names: they must pass as ckpt_path=... overrides
-        every_n_train_steps=int(cfg.get("checkpoint_every", 0)) or None,
-        save_top_k=-1,
-        save_last=True,
+    checkpoints = _user_errors(
+        "checkpoint_every",
+        RoundCheckpoint,
+        dirpath=output_dir / CHECKPOINTS,
+        every=int(cfg.get("checkpoint_every") or 0),
+        eval_every=eval_every,
+        config=config,
     )
     callbacks: list[Any] = [_build(cfg.sampler, "sampler"), accountant, curve, checkpoints]
     for group in ("compressor", "downlink", "failures", "divergence"):  # compression, failure injection, guard
@@ -149,8 +200,11 @@ def run(
             callbacks.append(_build(node, f"callbacks.{name}"))
 
     loggers = _loggers(cfg, output_dir)
-    rounds = int(cfg.rounds)
-    eval_every = min(int(cfg.get("eval_every", 1)), rounds)
+    metrics_files = [lg.metrics_file for lg in loggers if isinstance(lg, CSVLogger)]
+    resume, source = _resume_point(cfg, output_dir, config, module, rounds, metrics_files)
+    if manage:
+        write_record(output_dir, config)
+        _cut_back(output_dir, resume, source, loggers)
     trainer: L.Trainer = _build(
         cfg.trainer,
         "trainer",
@@ -165,6 +219,7 @@ def run(
         logger=loggers or False,
         callbacks=callbacks,
         default_root_dir=str(output_dir),
+        plugins=[AtomicCheckpointIO()],  # atomic writes, weights-only reads
     )
     if trainer.is_global_zero and cfg.get("save_partition", True):
         datamodule.save_partition(output_dir / "partition.json")
@@ -178,13 +233,13 @@ def run(
     log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     summary: dict[str, Any] = {}
     try:
-        ckpt_path = cfg.get("ckpt_path")
-        trainer.fit(module, ckpt_path=str(ckpt_path) if ckpt_path else None)
-        if trainer.global_step % eval_every != 0:  # the last round was not evaluated yet
-            trainer.validate(module, verbose=False)
-            curve.write()
-        trainer.save_checkpoint(output_dir / "checkpoints" / "last.ckpt")
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if _is_scalar(v)}
+        ckpt_path = str(resume.ckpt_path) if resume.ckpt_path is not None else None
+        with warnings.catch_warnings():
+            # The round loader has no position to restore: a round's number is the global step.
+            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+            trainer.fit(module, ckpt_path=ckpt_path, weights_only=True)  # the last round is validated in fit
+        # A resumed run has seen only the rounds after its checkpoint: the checkpoint holds the rest.
+        metrics = {**resume.metrics, **scalar_metrics(dict(trainer.callback_metrics))}
         trainer.test(module, verbose=False)  # resets callback_metrics: keep the fit metrics above
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if _is_scalar(v)})
         summary = {
@@ -195,6 +250,7 @@ def run(
             "partition": choices.get("partition") or getattr(partition, "name", None),
             "sampler": choices.get("sampler"),
             "rounds": trainer.global_step,
+            "resumed_from_round": resume.round if resume.ckpt_path is not None else None,
             "seed": int(cfg.seed),
             "num_clients": datamodule.num_clients,
             "aggregation": module.aggregation,
@@ -215,7 +271,7 @@ def run(
             {k: v for k, v in metrics.items() if k.startswith(("test/", "val/", "model/")) and k not in summary}
         )
         if trainer.is_global_zero:  # one process writes the results
-            (output_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2))
+            write_text_atomic(output_dir / "summary.json", json.dumps(_jsonable(summary), indent=2))
         log.info(
             "test/%s %.4f | uplink %d bits (%.3gx vs float32) | downlink %d bits | %.1f s | %s",
             module.score_name,
@@ -237,6 +293,50 @@ def run(
 
             wandb.finish(exit_code=0 if summary else 1)
     return summary
+
+
+def _resume_point(
+    cfg: DictConfig, output_dir: Path, config: dict[str, Any], module: Any, rounds: int, metrics_files: list[Path]
+) -> tuple[Resume, Path | None]:
+    """Where the run starts, checked before compute, and the run folder its rows come from.
+
+    ``ckpt_path`` if given (checked: readable, this model and method, not past ``rounds``),
+    else the latest good checkpoint of ``<output_dir>/checkpoints`` (readable, and its round's
+    training row in ``metrics_files``), else round 0. The second value is the other run folder
+    of a ``ckpt_path`` there (its CSVs seed this folder's).
+    """
+    explicit = cfg.get("ckpt_path")
+    if explicit:
+        path = Path(str(explicit)).expanduser()
+        checkpoint = check_explicit_checkpoint(path)
+    else:
+        found = latest_good_checkpoint(
+            output_dir / CHECKPOINTS,
+            accept=lambda checkpoint: missing_rows(metrics_files, checkpoint_round(checkpoint)),
+        )
+        if found is None:
+            return Resume(), None
+        path, checkpoint = found
+    check_fits(checkpoint, path=path, config=config, state_dict=module.state_dict(), rounds=rounds)
+    resume = Resume(ckpt_path=path, round=checkpoint_round(checkpoint), metrics=checkpoint_metrics(checkpoint))
+    log.info("Resuming from %s (round %d of %d).", path, resume.round, rounds)
+    folder = path.resolve().parent.parent
+    other = path.resolve().parent.name == CHECKPOINTS and (folder / RUN_FILE).is_file()
+    return resume, folder if other and folder != output_dir.resolve() else None
+
+
+def _cut_back(output_dir: Path, resume: Resume, source: Path | None, loggers: list[Any]) -> None:
+    """Cut the run's CSVs back to the checkpoint's round, so each later round is appended once."""
+    metrics_files = [lg.metrics_file for lg in loggers if isinstance(lg, CSVLogger)]
+    if resume.round and any(type(lg).__name__ == "CSVLogger" and not isinstance(lg, CSVLogger) for lg in loggers):
+        log.warning(
+            "Lightning's own CSVLogger starts metrics.csv afresh on resume; use logger=csv "
+            "(fedlightning.loggers.CSVLogger) to keep the rows of the first %d rounds.",
+            resume.round,
+        )
+    if resume.ckpt_path is not None and source is None and not (output_dir / "comm_records.csv").exists():
+        log.info("The CSVs of %s start after round %d, the round of ckpt_path.", output_dir, resume.round)
+    cut_back(output_dir, resume.round, metrics_files, source=source)
 
 
 def attach_compressor(callback: Any, module: Any, group: str) -> None:

@@ -47,7 +47,8 @@ class CommunicationAccountant(FederatedCallback):
 
     Args:
         records_path: if set, a CSV file receiving one row per message (round, client,
-            direction, bits, codec, kind, probability); appended to on resume. ``kind`` is
+            direction, bits, codec, kind, probability), appended to each round (on resume,
+            ``fedlightning.run`` first cuts it back to the checkpoint's round). ``kind`` is
             ``payload`` or ``control`` (the messages of an uploader choice, such as update
             norms); ``probability`` is the probability that the message is sent at all (the
             client's inclusion probability, for an upload the probability of uploading).

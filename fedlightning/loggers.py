@@ -1,0 +1,84 @@
+"""A CSV logger whose ``metrics.csv`` survives a resume and a kill.
+
+Lightning's ``CSVLogger`` deletes an existing ``metrics.csv`` when it starts and rewrites the
+whole file in place when a new metric appears, so a resumed run loses its history and a kill
+during a rewrite loses the file. This one keeps the file it finds (``fedlightning.run`` first
+cuts it back to the rounds of the checkpoint it resumes from), appends to it, and rewrites it
+atomically (temporary file, then rename) when the header grows.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from typing_extensions import override
+
+
+class ResumableExperimentWriter(ExperimentWriter):
+    """Appends to an existing ``metrics.csv`` (keeping its columns) instead of deleting it."""
+
+    @override
+    def _check_log_dir_exists(self) -> None:
+        path = Path(self.metrics_file_path)
+        if path.is_file():
+            with path.open(newline="") as handle:
+                header = next(csv.reader(handle), [])
+            self.metrics_keys = list(header)
+
+    @override
+    def save(self) -> None:
+        if not self.metrics:
+            return
+        path = Path(self.metrics_file_path)
+        new_keys = self._record_new_keys()
+        if new_keys and path.is_file():
+            self._rewrite_with_new_header(self.metrics_keys)
+        exists = path.is_file()
+        with path.open("a" if exists else "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=self.metrics_keys)
+            if not exists:
+                writer.writeheader()
+            writer.writerows(self.metrics)
+        self.metrics = []
+
+    @override
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        path = Path(self.metrics_file_path)
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with tmp.open("w", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=fieldnames)
+                writer.writeheader()
+                writer.writerows(rows)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+class CSVLogger(LightningCSVLogger):
+    """Lightning's ``CSVLogger`` with a ``metrics.csv`` that a resumed run continues."""
+
+    @property
+    @override
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        if self._experiment is not None:
+            return self._experiment
+        self._fs.makedirs(self.root_dir, exist_ok=True)
+        self._experiment = ResumableExperimentWriter(log_dir=self.log_dir)
+        return self._experiment
+
+    @property
+    def metrics_file(self) -> Path:
+        """The ``metrics.csv`` this logger writes."""
+        return Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE

@@ -1,0 +1,417 @@
+"""One run folder, one run: the config on record, automatic resume, and CSVs that hold the run once.
+
+A run folder records its config in ``run.json`` (the resolved config without the keys of
+:data:`IGNORED_KEYS`, which do not change what is computed). Running again in the same folder:
+
+* with the same config, and ``summary.json`` present: the run is complete; nothing is redone
+  and the recorded summary is returned;
+* with the same config, and no summary: the run resumes from the latest readable checkpoint in
+  ``checkpoints/`` (an unreadable one is reported and the previous one used), or starts again
+  from round 0 when there is none; the CSVs are cut back to the rounds the checkpoint holds,
+  so the resumed run appends each later round once;
+* with another config: the run stops with one sentence naming the folder and the keys that
+  differ.
+
+Checkpoints given as ``ckpt_path`` are checked before any compute: readable, a fedlightning
+checkpoint of this model and method, and not past ``rounds``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from fedlightning.checkpointing import LAST, safe_torch_load
+from fedlightning.errors import ConfigError
+
+log = logging.getLogger("fedlightning")
+
+RUN_FILE = "run.json"
+SUMMARY_FILE = "summary.json"
+RECORDS_FILE = "comm_records.csv"
+CURVE_FILE = "bits_vs_accuracy.csv"
+CHECKPOINTS = "checkpoints"
+IGNORED_KEYS = (
+    "ckpt_path",
+    "threads",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+)
+"""Config keys that do not change what a run computes; a run folder accepts any value for them."""
+RUN_OUTPUTS = (SUMMARY_FILE, RECORDS_FILE, CURVE_FILE, CHECKPOINTS, "csv")
+"""What a run writes into its folder: a folder holding any of them without ``run.json`` is refused."""
+
+
+class UnreadableCheckpointError(Exception):
+    """A checkpoint file that cannot be used; the message completes "<path> ..."."""
+
+
+@dataclass
+class Resume:
+    """Where a run starts: a checkpoint (``None``: round 0) and what it recorded."""
+
+    ckpt_path: Path | None = None
+    round: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- the config on record
+def run_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config without :data:`IGNORED_KEYS`: what a run folder's ``run.json`` records."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(config, dict)
+    out: dict[str, Any] = json.loads(json.dumps(config, default=str))  # plain JSON values only
+    for key in IGNORED_KEYS:
+        node: Any = out
+        *parents, leaf = key.split(".")
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
+
+
+def config_differences(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """``key: recorded -> current`` for every dotted key whose value differs.
+
+    >>> config_differences({"rounds": 10, "method": {"lr": 0.1}}, {"rounds": 20, "method": {"lr": 0.1}})
+    ['rounds: 10 -> 20']
+    """
+    out: list[str] = []
+    for key in sorted(set(recorded) | set(current), key=str):
+        name = f"{prefix}{key}"
+        a, b = recorded.get(key, "<absent>"), current.get(key, "<absent>")
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.extend(config_differences(a, b, prefix=f"{name}."))
+        elif a != b:
+            out.append(f"{name}: {a} -> {b}")
+    return out
+
+
+def claim(output_dir: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Check ``output_dir`` against ``config``; the recorded summary if the run is already complete.
+
+    A folder without run outputs (:data:`RUN_OUTPUTS`) is free, whatever its ``run.json`` says
+    (a run that stopped before training, e.g. on a config error, leaves no outputs).
+
+    Raises:
+        ConfigError: the folder holds outputs of a run of another config, or outputs without
+            ``run.json``.
+    """
+    found = [name for name in RUN_OUTPUTS if (output_dir / name).exists()]
+    if not found:
+        return None
+    record = output_dir / RUN_FILE
+    if not record.is_file():
+        raise ConfigError(
+            f"The folder {output_dir} holds run outputs ({', '.join(found)}) but no {RUN_FILE} saying which "
+            "config made them; choose another folder (hydra.run.dir=...) or delete them to start over."
+        )
+    try:
+        recorded = json.loads(record.read_text())["config"]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"{record} is not a fedlightning run record; delete the run folder {output_dir} "
+            "or choose another one (hydra.run.dir=...)."
+        ) from None
+    differences = config_differences(recorded, config)
+    if differences:
+        shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")
+        raise ConfigError(
+            f"The run folder {output_dir} holds a run with another config ({shown}); "
+            "choose another folder (hydra.run.dir=...) or delete this one to start over."
+        )
+    summary = output_dir / SUMMARY_FILE
+    if summary.is_file():
+        try:
+            done: dict[str, Any] = json.loads(summary.read_text())
+        except ValueError:  # a summary cut short: the run resumes and writes it again
+            return None
+        return done
+    return None
+
+
+def write_record(output_dir: Path, config: dict[str, Any]) -> None:
+    """Record ``config`` in ``<output_dir>/run.json`` (atomically)."""
+    write_text_atomic(
+        output_dir / RUN_FILE, json.dumps({"format": 1, "ignored": list(IGNORED_KEYS), "config": config}, indent=2)
+    )
+
+
+@contextlib.contextmanager
+def locked(output_dir: Path) -> Iterator[None]:
+    """Hold ``<output_dir>/.lock`` for the run, so two runs never write one folder at once."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks on this platform
+        yield
+        return
+    handle = (output_dir / ".lock").open("a+")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"Another run is writing the run folder {output_dir}; wait for it to finish "
+                "or choose another folder (hydra.run.dir=...)."
+            ) from None
+        yield
+    finally:
+        handle.close()  # releases the lock (so does the end of the process, even by SIGKILL)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` and check it is a Lightning one.
+
+    Raises:
+        UnreadableCheckpointError: missing, empty, truncated, corrupted, holding objects that are
+            not tensors or plain containers, or not a Lightning checkpoint.
+    """
+    if not path.exists():
+        raise UnreadableCheckpointError("does not exist")
+    if path.is_dir():
+        raise UnreadableCheckpointError("is a folder, not a checkpoint file")
+    if path.stat().st_size == 0:
+        raise UnreadableCheckpointError("is empty (0 bytes)")
+    try:
+        checkpoint = safe_torch_load(path)
+    except Exception as exc:  # torch raises many types for a damaged file
+        text = str(exc)
+        if "Unsupported global" in text:  # the weights-only unpickler refused to import something
+            raise UnreadableCheckpointError(
+                "holds objects other than tensors and plain containers, which are not loaded "
+                "(unpickling them could run code)"
+            ) from None
+        text = text.split("WeightsUnpickler error:")[-1].strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        raise UnreadableCheckpointError(f"is truncated or corrupted ({type(exc).__name__}: {first[:100]})") from None
+    if not isinstance(checkpoint, dict) or not {"state_dict", "loops", "global_step"} <= set(checkpoint):
+        raise UnreadableCheckpointError("is not a Lightning checkpoint (it lacks state_dict, loops or global_step)")
+    return checkpoint
+
+
+def checkpoint_round(checkpoint: Mapping[str, Any]) -> int:
+    """The number of rounds a checkpoint has completed."""
+    return int(checkpoint["global_step"])
+
+
+def checkpoint_metrics(checkpoint: Mapping[str, Any]) -> dict[str, float]:
+    """The scalar metrics a checkpoint recorded (empty for checkpoints of older versions)."""
+    meta = checkpoint.get("fedlightning")
+    metrics = meta.get("metrics") if isinstance(meta, Mapping) else None
+    return {str(k): float(v) for k, v in (metrics or {}).items()}
+
+
+def latest_good_checkpoint(
+    folder: Path, *, accept: Callable[[dict[str, Any]], str | None] = lambda checkpoint: None
+) -> tuple[Path, dict[str, Any]] | None:
+    """The good checkpoint with the most rounds in ``folder`` (``last.ckpt`` on a tie).
+
+    Good: readable, and ``accept(checkpoint)`` gives no reason against it. A checkpoint that is
+    not good is reported in the log and the previous one tried.
+    """
+    if not folder.is_dir():
+        return None
+    rounds: list[tuple[int, Path]] = []
+    for path in folder.glob("round-*.ckpt"):
+        with contextlib.suppress(ValueError):
+            rounds.append((int(path.stem.removeprefix("round-")), path))
+    rounds.sort(reverse=True)
+    last = folder / LAST
+    candidates = [last] if last.exists() else []
+    candidates += [path for _, path in rounds]
+    newest = rounds[0][0] if rounds else -1
+    for path in candidates:
+        try:
+            checkpoint = read_checkpoint(path)
+        except UnreadableCheckpointError as exc:
+            reason: str | None = str(exc)
+        else:
+            if path == last and checkpoint_round(checkpoint) < newest:
+                continue  # a newer round checkpoint exists (last.ckpt was not yet replaced)
+            reason = accept(checkpoint)
+            if reason is None:
+                return path, checkpoint
+        log.warning("Checkpoint %s %s; resuming from the previous good checkpoint instead.", path, reason)
+    return None
+
+
+def missing_rows(metrics_files: list[Path], round_idx: int) -> str | None:
+    """Why ``metrics_files`` lack the training row of round ``round_idx`` (``None``: they have it).
+
+    A round that is not evaluated is checkpointed just before its training row is logged; a
+    kill in between leaves a checkpoint whose round the metrics would then miss.
+    """
+    if round_idx == 0:
+        return None
+    step = str(round_idx - 1)
+    for path in metrics_files:
+        found = False
+        if path.is_file():
+            with path.open(newline="") as handle:
+                for row in csv.DictReader(handle):
+                    if row.get("step") == step and row.get("train/loss"):
+                        found = True
+                        break
+        if not found:
+            return f"is from round {round_idx}, whose training row never reached {path.name} (killed in between)"
+    return None
+
+
+def check_explicit_checkpoint(path: Path) -> dict[str, Any]:
+    """``read_checkpoint`` for ``ckpt_path=...``: failures become one ``ConfigError`` sentence."""
+    try:
+        return read_checkpoint(path)
+    except UnreadableCheckpointError as exc:
+        raise ConfigError(
+            f"ckpt_path={path} {exc}; point ckpt_path at a checkpoint written by fedlightning "
+            "(e.g. <run folder>/checkpoints/last.ckpt) or drop ckpt_path."
+        ) from None
+
+
+def check_fits(
+    checkpoint: Mapping[str, Any],
+    *,
+    path: Path,
+    config: Mapping[str, Any],
+    state_dict: Mapping[str, Any],
+    rounds: int,
+) -> None:
+    """Refuse a checkpoint of another model or method, or one past ``rounds``, with one sentence."""
+    done = checkpoint_round(checkpoint)
+    if done > rounds:
+        raise ConfigError(
+            f"ckpt_path={path} is from round {done}, past rounds={rounds}; set rounds to at least {done} "
+            "or point ckpt_path at an earlier checkpoint."
+        )
+    meta = checkpoint.get("fedlightning")
+    recorded = meta.get("config") if isinstance(meta, Mapping) else None
+    if isinstance(recorded, Mapping):
+        differences = config_differences(recorded, config)
+        method = [d for d in differences if d.startswith("method.") and d.split(":")[0].endswith("_target_")]
+        if method:
+            raise ConfigError(
+                f"ckpt_path={path} was written by another method ({method[0]}); point ckpt_path at a "
+                "checkpoint of this method or drop ckpt_path."
+            )
+        model = [d for d in differences if d.startswith("model.")]
+        if model:
+            raise ConfigError(
+                f"ckpt_path={path} holds another model ({model[0]}); point ckpt_path at a checkpoint of "
+                "this model or drop ckpt_path."
+            )
+    saved = checkpoint["state_dict"]
+    mismatch = _state_mismatch(saved, state_dict)
+    if mismatch:
+        raise ConfigError(
+            f"ckpt_path={path} holds another model or method ({mismatch}); point ckpt_path at a checkpoint "
+            "of this model and method or drop ckpt_path."
+        )
+    if isinstance(recorded, Mapping):
+        other = [d for d in config_differences(recorded, config) if d.split(":")[0] not in ("rounds",)]
+        if other:
+            log.warning("Resuming from %s, written with another config: %s.", path, "; ".join(other[:6]))
+    else:
+        log.warning("Resuming from %s, which records no config (written by an older version).", path)
+
+
+def _state_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    missing = sorted(set(current) - set(saved))
+    extra = sorted(set(saved) - set(current))
+    if missing:
+        return f"it lacks {missing[0]}"
+    if extra:
+        return f"it has {extra[0]}, which this model lacks"
+    for name, tensor in current.items():
+        shape = tuple(getattr(saved[name], "shape", ()))
+        if shape != tuple(getattr(tensor, "shape", ())):
+            return f"{name} has shape {list(shape)} there, {list(tensor.shape)} here"
+    return None
+
+
+# ---------------------------------------------------------------------------- CSVs cut back to a round
+def cut_csv(path: Path, keep: Any, *, source: Path | None = None) -> None:
+    """Rewrite ``path`` with the rows of ``source`` (default: itself) for which ``keep(row)`` is true.
+
+    A last line without its newline (a write cut short by a kill) is dropped. The file is replaced
+    atomically; without a ``source`` file, ``path`` is removed.
+    """
+    source = source or path
+    if not source.is_file():
+        path.unlink(missing_ok=True)
+        return
+    text = source.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows:
+        path.unlink(missing_ok=True)
+        return
+    header, body = rows[0], rows[1:]
+    kept = []
+    for row in body:
+        if len(row) != len(header):
+            continue
+        try:
+            if keep(dict(zip(header, row, strict=True))):
+                kept.append(row)
+        except ValueError:  # a damaged row
+            continue
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n" if "\r\n" in text[:2000] else "\n")
+    writer.writerow(header)
+    writer.writerows(kept)
+    write_text_atomic(path, out.getvalue())
+
+
+def cut_back(output_dir: Path, resume_round: int, metrics_files: list[Path], *, source: Path | None = None) -> None:
+    """Cut the run's CSVs back to the first ``resume_round`` rounds (remove them for round 0).
+
+    Temporary files left by a write that a kill cut short are removed too.
+
+    ``comm_records.csv`` keeps the rows of rounds ``< resume_round`` (0-based), the loggers'
+    ``metrics.csv`` the rows logged at steps ``< resume_round`` (round r logs at step r - 1),
+    and ``bits_vs_accuracy.csv`` its points up to round ``resume_round``. With ``source`` (the
+    folder of a checkpoint given as ``ckpt_path``), the rows are taken from that folder's files.
+    """
+
+    def from_source(path: Path) -> Path | None:
+        return None if source is None else source / path.relative_to(output_dir)
+
+    for folder in {output_dir, output_dir / CHECKPOINTS, *(path.parent for path in metrics_files)}:
+        for stale in folder.glob(".*.tmp-*"):  # a write cut short by a kill
+            stale.unlink(missing_ok=True)
+    k = resume_round
+    if k == 0 and source is None:  # a fresh start: nothing of an earlier attempt stays
+        for path in (output_dir / RECORDS_FILE, output_dir / CURVE_FILE, *metrics_files):
+            path.unlink(missing_ok=True)
+        return
+    cut_csv(output_dir / RECORDS_FILE, lambda r: int(r["round"]) < k, source=from_source(output_dir / RECORDS_FILE))
+    cut_csv(output_dir / CURVE_FILE, lambda r: float(r["round"]) <= k, source=from_source(output_dir / CURVE_FILE))
+    for path in metrics_files:
+        cut_csv(path, lambda r: float(r["step"]) < k, source=from_source(path))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file next to ``path``, flushed to disk, then renamed onto it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
