@@ -52,6 +52,13 @@ METHODS = {
     ],
     "fedpm": ["method=fedpm", "model=digits_mlp", "partition=iid", "method.val_samples=2", "method.test_samples=2"],
     "eflops": ["method=eflops", "model=digits_mlp", "partition=iid"],
+    # failure injection: the drop-out and quorum draws and their totals continue across the kill
+    "fedavg_dropout_repeat": [
+        "failures=dropout",
+        "failures.dropout=0.5",
+        "failures.min_uploads=3",
+        "failures.below_quorum=repeat",
+    ],
 }
 NOT_COMPARED = {"time/wall_s", "resumed_from_round"}  # wall time, and where the second attempt began
 TIMING_COLUMNS = ("time/round_s",)
