@@ -605,7 +605,7 @@ def plot_curves(curves: dict[str, Curve], path: str | Path, *, title: str = "", 
     ax.grid(True, which="major", alpha=0.3)
     if title:
         ax.set_title(title)
-    if curves:
+    if len(curves) > 1:  # one run: the title names it
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     path = Path(path)

@@ -74,10 +74,12 @@ def test_joblib_and_slurm_launcher_configs_compose_under_our_sweeper() -> None:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         joblib = compose(config_name="train", overrides=["hydra/launcher=parallel"], return_hydra_config=True)
         slurm = compose(config_name="train", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+        hydras = compose(config_name="train", overrides=["hydra/launcher=joblib"], return_hydra_config=True)
+    assert hydras.hydra.launcher.n_jobs == -1  # Hydra's own joblib config: one worker per core
     assert joblib.hydra.launcher._target_.endswith("JoblibLauncher") and joblib.hydra.launcher.n_jobs == 2
     assert slurm.hydra.launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert slurm.hydra.launcher.partition is None and slurm.hydra.launcher.timeout_min == 60
-    for cfg in (joblib, slurm):
+    for cfg in (joblib, slurm, hydras):
         assert cfg.hydra.sweeper._target_ == "hydra_plugins.fedlightning_sweep.FedLightningSweeper"
 
 
