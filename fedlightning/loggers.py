@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from typing_extensions import override
@@ -66,7 +67,20 @@ class ResumableExperimentWriter(ExperimentWriter):
 
 
 class CSVLogger(LightningCSVLogger):
-    """Lightning's ``CSVLogger`` with a ``metrics.csv`` that a resumed run continues."""
+    """Lightning's ``CSVLogger`` with a ``metrics.csv`` that a resumed run continues.
+
+    A row that carries the ``round`` metric (every training, validation and test row of a
+    federated run) is written at ``step`` = that round, counted from 1 like every file of a run
+    folder; Lightning's own step counter starts at 0 and lags the round it logs by one.
+    """
+
+    @override
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        if "round" in metrics:
+            step = round_number(metrics["round"])
+            metrics = {**metrics, "round": step}
+        super().log_metrics(metrics, step)
 
     @property
     @override
@@ -82,3 +96,12 @@ class CSVLogger(LightningCSVLogger):
     def metrics_file(self) -> Path:
         """The ``metrics.csv`` this logger writes."""
         return Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+
+
+def round_number(value: Any) -> int:
+    """A logged ``round`` value (a float or a one-element tensor) as the integer it counts.
+
+    >>> round_number(3.0)
+    3
+    """
+    return int(round(float(value)))

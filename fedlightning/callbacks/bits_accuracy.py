@@ -51,7 +51,7 @@ class BitsVsAccuracy(L.Callback):
         if trainer.sanity_checking or self.metric not in trainer.callback_metrics:
             return
         metrics = trainer.callback_metrics
-        point = {"round": float(trainer.global_step)}
+        point: dict[str, float] = {"round": trainer.global_step}  # rounds done, counted from 1
         for name in (*CURVE_FIELDS[1:], self.metric):
             if name in metrics:
                 point[name] = float(metrics[name])
