@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import struct
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -121,3 +123,26 @@ def test_offline_log_records_are_joined_across_32_kib_blocks() -> None:
     rest = big[first + 32768 - 7 :]
     data += header(len(rest), 4) + rest
     assert list(_chunks(data)) == [b"abcd", big]
+
+
+def test_dashboard_without_the_report_api_writes_the_spec_of_bits_panels_grouped_by_method(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedlightning import dashboard
+
+    monkeypatch.setitem(sys.modules, "wandb_workspaces", None)  # not installed (an import fails)
+    assert dashboard.main(["fl-project", "--out", str(tmp_path / "dash")]) == 0
+    captured = capsys.readouterr()
+    assert "pip install wandb-workspaces" in captured.err and "--from-spec" in captured.out
+    spec = json.loads((tmp_path / "dash.json").read_text())
+    assert spec["project"] == "fl-project" and spec["runset_groupby"] == ["config.method"]
+    panels = {(p["y"][0], p["x"]): p for p in spec["panels"]}
+    assert set(panels) == {
+        (y, x) for y in ("val/acc", "test/acc") for x in ("comm/uplink_bits_total", "comm/bits_total", "round")
+    }
+    assert panels["val/acc", "comm/uplink_bits_total"]["log_x"] and not panels["val/acc", "round"]["log_x"]
+    assert all(p["groupby"] == "config.method" and p["groupby_rangefunc"] == "stddev" for p in panels.values())
+    assert (
+        "| val/acc vs cumulative uplink bits | val/acc | comm/uplink_bits_total | yes |"
+        in (tmp_path / "dash.md").read_text()
+    )
