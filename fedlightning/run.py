@@ -226,9 +226,6 @@ def _run(
     choices.setdefault("data", data_name)
     labels = run_labels(cfg, choices=choices, overrides=overrides, sweep_dir=sweep_dir)
     loggers = _loggers(cfg, output_dir, labels)
-    flat = flat_config(cfg, choices=choices, overrides=overrides)
-    for logger in loggers:
-        logger.log_hyperparams(flat)  # the resolved config, flattened (rank zero only)
     metrics_files = [lg.metrics_file for lg in loggers if isinstance(lg, CSVLogger)]
     resume, source = _resume_point(cfg, output_dir, config, module, rounds, metrics_files)
     if manage:
@@ -236,6 +233,10 @@ def _run(
         # The resolved config, also for runs outside Hydra (whose .hydra/config.yaml is unresolved).
         write_text_atomic(output_dir / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
         _cut_back(output_dir, resume, source, loggers)
+    # After the cut: a logger reads the metrics.csv it continues when its experiment starts.
+    flat = flat_config(cfg, choices=choices, overrides=overrides)
+    for logger in loggers:
+        logger.log_hyperparams(flat)  # the resolved config, flattened (rank zero only)
     trainer: L.Trainer = _build(
         cfg.trainer,
         "trainer",
