@@ -51,7 +51,8 @@ def job(cfg: DictConfig) -> float | None:
         validate_top_level(cfg)  # before torch and Lightning are imported: a typo costs a second
         from fedlightning.run import run
 
-        summary = run(cfg, output_dir, choices=dict(hc.runtime.choices), overrides=overrides)
+        sweep_dir = Path(output_dir).parent if hc.mode == RunMode.MULTIRUN else None  # <sweep dir>/<job number>
+        summary = run(cfg, output_dir, choices=dict(hc.runtime.choices), overrides=overrides, sweep_dir=sweep_dir)
     except Exception as exc:
         sentence = record_failure(output_dir, exc, overrides=overrides)
         if hc.mode == RunMode.MULTIRUN or not isinstance(exc, FedLightningError):

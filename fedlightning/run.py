@@ -27,10 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.callbacks.bits_accuracy import BitsVsAccuracy
 from fedlightning.checkpointing import AtomicCheckpointIO, RoundCheckpoint, scalar_metrics
+from fedlightning.console import RoundProgressBar, quiet_lightning
 from fedlightning.errors import ConfigError, FedLightningError
 from fedlightning.federated.channel import IncompatiblePayloadError
 from fedlightning.federated.rng import SERVER, stream_seed
-from fedlightning.loggers import CSVLogger
+from fedlightning.loggers import CSVLogger, WandbLogger
 from fedlightning.models import build_model
 from fedlightning.run_folder import (
     CHECKPOINTS,
@@ -50,8 +51,12 @@ from fedlightning.run_folder import (
     write_text_atomic,
 )
 from fedlightning.schema import validate_config
+from fedlightning.tracking import flat_config, log_results, run_labels
 
 log = logging.getLogger("fedlightning")
+
+CONFIG_FILE = "config.yaml"
+"""The resolved config of a run, written into its folder (printed too with ``print_config=true``)."""
 
 
 def _build(node: Any, what: str, **kwargs: Any) -> Any:
@@ -92,12 +97,15 @@ def configure_threads(threads: int | None) -> int:
     return n
 
 
-def _loggers(cfg: DictConfig, output_dir: Path) -> list[Any]:
+def _loggers(cfg: DictConfig, output_dir: Path, labels: Mapping[str, Any]) -> list[Any]:
+    """The configured loggers; a W&B logger's ``group``/``name``/``tags``/``job_type`` left null get ``labels``."""
     loggers: list[Any] = []
     for name, node in (cfg.get("logger") or {}).items():
         if node is None:
             continue
         kwargs: dict[str, Any] = {"save_dir": str(output_dir)}
+        if str(node.get("_target_", "")).endswith("WandbLogger"):
+            kwargs.update({key: value for key, value in labels.items() if node.get(key) is None})
         loggers.append(_build(node, f"logger.{name}", **kwargs))
     return loggers
 
@@ -108,6 +116,7 @@ def run(
     *,
     choices: Mapping[str, str | None] | None = None,
     overrides: Sequence[str] = (),
+    sweep_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Fit and test one federated run; write ``summary.json`` and plots into ``output_dir``.
 
@@ -120,6 +129,7 @@ def run(
         output_dir: folder for logs, checkpoints, ``summary.json`` and the bits/accuracy plot.
         choices: the config-group choices (``method``, ``data``, ...) for labelling results.
         overrides: the command-line overrides, recorded in the summary.
+        sweep_dir: the sweep folder of a multirun job (it groups the job's W&B run).
 
     Returns:
         The summary dictionary (also written to ``summary.json``).
@@ -139,7 +149,16 @@ def run(
                 output_dir,
             )
             return done
-        return _run(cfg, output_dir, config, started=started, manage=manage, choices=choices, overrides=overrides)
+        return _run(
+            cfg,
+            output_dir,
+            config,
+            started=started,
+            manage=manage,
+            choices=choices,
+            overrides=overrides,
+            sweep_dir=sweep_dir,
+        )
 
 
 def _run(
@@ -151,8 +170,10 @@ def _run(
     manage: bool,
     choices: Mapping[str, str | None] | None,
     overrides: Sequence[str],
+    sweep_dir: str | Path | None,
 ) -> dict[str, Any]:
     choices = dict(choices or {})
+    quiet_lightning()
     configure_threads(cfg.get("threads"))
 
     partition = _build(cfg.partition, "partition")
@@ -198,13 +219,24 @@ def _run(
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is not None:
             callbacks.append(_build(node, f"callbacks.{name}"))
+    if cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(RoundProgressBar(score_name=module.score_name))
 
-    loggers = _loggers(cfg, output_dir)
+    choices.setdefault("method", method_name)
+    choices.setdefault("data", data_name)
+    labels = run_labels(cfg, choices=choices, overrides=overrides, sweep_dir=sweep_dir)
+    loggers = _loggers(cfg, output_dir, labels)
     metrics_files = [lg.metrics_file for lg in loggers if isinstance(lg, CSVLogger)]
     resume, source = _resume_point(cfg, output_dir, config, module, rounds, metrics_files)
     if manage:
         write_record(output_dir, config)
+        # The resolved config, also for runs outside Hydra (whose .hydra/config.yaml is unresolved).
+        write_text_atomic(output_dir / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
         _cut_back(output_dir, resume, source, loggers)
+    # After the cut: a logger reads the metrics.csv it continues when its experiment starts.
+    flat = flat_config(cfg, choices=choices, overrides=overrides)
+    for logger in loggers:
+        logger.log_hyperparams(flat)  # the resolved config, flattened (rank zero only)
     trainer: L.Trainer = _build(
         cfg.trainer,
         "trainer",
@@ -230,7 +262,8 @@ def _run(
         module.aggregation,
         trainer.world_size,
     )
-    log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+    if cfg.get("print_config"):
+        log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     summary: dict[str, Any] = {}
     try:
         ckpt_path = str(resume.ckpt_path) if resume.ckpt_path is not None else None
@@ -272,6 +305,15 @@ def _run(
         )
         if trainer.is_global_zero:  # one process writes the results
             write_text_atomic(output_dir / "summary.json", json.dumps(_jsonable(summary), indent=2))
+            for logger in loggers:
+                if isinstance(logger, WandbLogger) and hasattr(logger.experiment, "log_artifact"):
+                    log_results(
+                        logger.experiment,
+                        output_dir=output_dir,
+                        points=curve.points,
+                        metric=score,
+                        targets=logger.accuracy_targets,
+                    )
         log.info(
             "test/%s %.4f | uplink %d bits (%.3gx vs float32) | downlink %d bits | %.1f s | %s",
             module.score_name,

@@ -46,6 +46,7 @@ IGNORED_KEYS = (
     "threads",
     "trainer.enable_progress_bar",
     "trainer.enable_model_summary",
+    "print_config",
 )
 """Config keys that do not change what a run computes; a run folder accepts any value for them."""
 RUN_OUTPUTS = (SUMMARY_FILE, RECORDS_FILE, CURVE_FILE, CHECKPOINTS, "csv")
@@ -255,18 +256,24 @@ def missing_rows(metrics_files: list[Path], round_idx: int) -> str | None:
     """
     if round_idx == 0:
         return None
-    step = str(round_idx - 1)
     for path in metrics_files:
         found = False
         if path.is_file():
             with path.open(newline="") as handle:
                 for row in csv.DictReader(handle):
-                    if row.get("step") == step and row.get("train/loss"):
+                    if _number(row.get("step")) == round_idx and row.get("train/loss"):
                         found = True
                         break
         if not found:
             return f"is from round {round_idx}, whose training row never reached {path.name} (killed in between)"
     return None
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
 
 
 def check_explicit_checkpoint(path: Path) -> dict[str, Any]:
@@ -380,9 +387,11 @@ def cut_back(output_dir: Path, resume_round: int, metrics_files: list[Path], *, 
 
     Temporary files left by a write that a kill cut short are removed too.
 
-    ``comm_records.csv`` keeps the rows of rounds ``< resume_round`` (0-based), the loggers'
-    ``metrics.csv`` the rows logged at steps ``< resume_round`` (round r logs at step r - 1),
-    and ``bits_vs_accuracy.csv`` its points up to round ``resume_round``. With ``source`` (the
+    Every file counts rounds from 1 (round k is the k-th round; ``round-000k.ckpt`` holds k
+    rounds): ``comm_records.csv`` keeps its rows of rounds ``<= resume_round``, the loggers'
+    ``metrics.csv`` its rows at steps ``<= resume_round`` (a row's step is its round, see
+    :class:`fedlightning.loggers.CSVLogger`) and ``bits_vs_accuracy.csv`` its points up to round
+    ``resume_round``. With ``source`` (the
     folder of a checkpoint given as ``ckpt_path``), the rows are taken from that folder's files.
     """
 
@@ -397,10 +406,10 @@ def cut_back(output_dir: Path, resume_round: int, metrics_files: list[Path], *, 
         for path in (output_dir / RECORDS_FILE, output_dir / CURVE_FILE, *metrics_files):
             path.unlink(missing_ok=True)
         return
-    cut_csv(output_dir / RECORDS_FILE, lambda r: int(r["round"]) < k, source=from_source(output_dir / RECORDS_FILE))
+    cut_csv(output_dir / RECORDS_FILE, lambda r: int(r["round"]) <= k, source=from_source(output_dir / RECORDS_FILE))
     cut_csv(output_dir / CURVE_FILE, lambda r: float(r["round"]) <= k, source=from_source(output_dir / CURVE_FILE))
     for path in metrics_files:
-        cut_csv(path, lambda r: float(r["step"]) < k, source=from_source(path))
+        cut_csv(path, lambda r: float(r["step"]) <= k, source=from_source(path))
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -81,6 +81,9 @@ class TrainSchema:
     threads: int | None = field(default=1, metadata=_spec("threads=1", "torch threads per process, null to keep", 1))
     ckpt_path: str | None = field(default=None, metadata=_spec("ckpt_path=null", "a checkpoint file to resume from"))
     save_partition: bool = field(default=True, metadata=_spec("save_partition=true", "whether to write partition.json"))
+    print_config: bool = field(
+        default=False, metadata=_spec("print_config=true", "print the resolved config (always in config.yaml)")
+    )
     callbacks: dict[str, Any] = field(default_factory=dict, metadata=_spec("callbacks={}", "named callback nodes"))
     method: Any = None
     model: Any = None

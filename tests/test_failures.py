@@ -93,8 +93,9 @@ def test_dropouts_are_the_bernoulli_draws_of_the_run_stream_and_only_their_uploa
     assert failures.summary_metrics()["failures/dropped_total"] == len(expected)
     with (tmp_path / "records.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    down = {(int(r["round"]), int(r["client"])) for r in rows if r["direction"] == "down"}
-    up = {(int(r["round"]), int(r["client"])) for r in rows if r["direction"] == "up"}
+    # The files count rounds from 1; the engine's round_idx (and _drawn) from 0.
+    down = {(int(r["round"]) - 1, int(r["client"])) for r in rows if r["direction"] == "down"}
+    up = {(int(r["round"]) - 1, int(r["client"])) for r in rows if r["direction"] == "up"}
     assert down == {(r, c) for r in range(rounds) for c in range(n)}  # every broadcast counted
     assert up == down - expected  # no upload of a dropped client
     summary = accountant.summary()

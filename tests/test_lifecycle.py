@@ -118,7 +118,7 @@ def _killed(cfg: DictConfig, folder: Path, *, round_idx: int, where: str) -> Non
             def write_then_die(self: CommunicationAccountant) -> None:
                 rounds = {row[0] for row in self._rows}
                 write(self)
-                if round_idx in rounds:  # 0-based: the round after checkpoint round_idx
+                if round_idx + 1 in rounds:  # rounds count from 1: the round after checkpoint round_idx
                     die()
 
             CommunicationAccountant._write_rows = write_then_die  # type: ignore[method-assign]

@@ -193,18 +193,6 @@ def test_multirun_grid_of_seeds_and_partitions(tmp_path: Path) -> None:
     }
 
 
-def test_wandb_offline_run_records_bits_as_the_x_axis(
-    make_config: Callable[..., DictConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    summary = run(make_config(["logger=wandb", "rounds=2"]), tmp_path)
-    assert summary["test/acc"] is not None
-    runs = list(tmp_path.rglob("offline-run-*"))
-    assert runs, "W&B wrote no offline run"
-    assert any(p.suffix == ".wandb" for p in runs[0].iterdir())
-
-
 def test_wheel_ships_the_configs(tmp_path: Path) -> None:
     pytest.importorskip("hatchling")
     subprocess.run(

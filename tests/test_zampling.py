@@ -297,7 +297,7 @@ def test_server_p_is_exactly_a_mean_of_bits_and_lattice_downlink(make_config, tm
     assert summary["comm/downlink_bits_total"] == 10 * (32 * n + 2 * (32 + 4 * n))
     # uplink range-coded against the broadcast p: below n bits once p has polarised
     records = (tmp_path / "comm_records.csv").read_text().splitlines()[1:]
-    last_round_up = [int(r.split(",")[3]) for r in records if r.startswith("2,") and ",up," in r]
+    last_round_up = [int(r.split(",")[3]) for r in records if r.startswith("3,") and ",up," in r]  # round 3 of 3
     assert len(last_round_up) == 10 and max(last_round_up) < n
 
 

@@ -47,8 +47,10 @@ class CommunicationAccountant(FederatedCallback):
 
     Args:
         records_path: if set, a CSV file receiving one row per message (round, client,
-            direction, bits, codec, kind, probability), appended to each round (on resume,
-            ``fedlightning.run`` first cuts it back to the checkpoint's round). ``kind`` is
+            direction, bits, codec, kind, probability), appended to each round; ``round`` counts
+            from 1 (round k is the k-th round, as in ``metrics.csv`` and the checkpoint
+            ``round-000k.ckpt`` that holds k rounds). On resume, ``fedlightning.run`` first
+            cuts it back to the checkpoint's round. ``kind`` is
             ``payload`` or ``control`` (the messages of an uploader choice, such as update
             norms); ``probability`` is the probability that the message is sent at all (the
             client's inclusion probability, for an upload the probability of uploading).
@@ -120,7 +122,8 @@ class CommunicationAccountant(FederatedCallback):
         module: FederatedModule, round_idx: int, client_id: int, direction: str, message: Message, kind: str
     ) -> tuple[int, int, str, int, str, str, float]:
         probability = module.inclusion_probability(client_id)
-        return (round_idx, client_id, direction, message.num_bits, message.codec.name, kind, probability)
+        # The engine's round_idx counts from 0; every file counts rounds from 1.
+        return (round_idx + 1, client_id, direction, message.num_bits, message.codec.name, kind, probability)
 
     @override
     def on_round_end(
@@ -160,6 +163,15 @@ class CommunicationAccountant(FederatedCallback):
         # against cumulative bits (a W&B x-axis must be logged in the same row as the metric).
         if trainer.sanity_checking:
             return
+        self._log_position(trainer, pl_module)
+
+    @override
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_position(trainer, pl_module)
+
+    def _log_position(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Every evaluation row says after how many rounds (from 1) and bits it was taken.
+        pl_module.log("round", float(trainer.global_step), on_step=False, on_epoch=True)
         for name, value in self._cumulative().items():
             pl_module.log(name, _f64(value), on_step=False, on_epoch=True)
 

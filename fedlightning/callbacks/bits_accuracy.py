@@ -11,6 +11,8 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from typing_extensions import override
 
+from fedlightning.tracking import define_bit_axes
+
 log = logging.getLogger(__name__)
 
 CURVE_FIELDS = ("round", "comm/uplink_bits_total", "comm/downlink_bits_total", "comm/bits_total")
@@ -20,8 +22,9 @@ class BitsVsAccuracy(L.Callback):
     """Records (round, cumulative bits, val/acc) at every evaluation.
 
     At the end of fitting it writes ``bits_vs_accuracy.csv`` and ``bits_vs_accuracy.png``
-    into ``output_dir``. With a W&B logger it declares the cumulative bit counters as the
-    x-axis of ``val/acc`` and ``val/loss``, so W&B charts accuracy against bits, not steps.
+    into ``output_dir``. With a W&B logger it declares ``comm/uplink_bits_total`` the x-axis of
+    every ``val/*``, ``test/*`` and ``train/*`` metric (:func:`fedlightning.tracking.define_bit_axes`),
+    so W&B charts accuracy against bits, not steps.
 
     Args:
         output_dir: folder for the CSV and PNG.
@@ -38,20 +41,15 @@ class BitsVsAccuracy(L.Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                experiment = logger.experiment
-                if hasattr(experiment, "define_metric"):  # absent when W&B is disabled
-                    experiment.define_metric("comm/uplink_bits_total")
-                    experiment.define_metric("comm/bits_total")
-                    for name in (self.metric, "val/loss", f"{self.metric}_best"):
-                        experiment.define_metric(name, step_metric="comm/uplink_bits_total")
+            if isinstance(logger, WandbLogger) and trainer.is_global_zero:
+                define_bit_axes(logger.experiment, score=self.metric.removeprefix("val/"))
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or self.metric not in trainer.callback_metrics:
             return
         metrics = trainer.callback_metrics
-        point = {"round": float(trainer.global_step)}
+        point: dict[str, float] = {"round": trainer.global_step}  # rounds done, counted from 1
         for name in (*CURVE_FIELDS[1:], self.metric):
             if name in metrics:
                 point[name] = float(metrics[name])

@@ -1,0 +1,59 @@
+"""What the default command prints: few lines, each once, one round-level progress bar."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig
+
+from fedlightning.console import progress_text
+from fedlightning.run import run
+
+from .conftest import REPO_ROOT
+
+
+def test_default_command_prints_under_40_lines_each_once_with_one_round_bar(tmp_path: Path) -> None:
+    # The default job with fewer rounds: the bar redraws in place (carriage returns), so the
+    # line count does not grow with the rounds.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+    command = [sys.executable, "-m", "fedlightning.cli", "rounds=4", f"hydra.run.dir={tmp_path}"]
+    # Bytes, not text: text mode would turn the bar's carriage returns into line breaks.
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, timeout=300, check=False)
+    output = (done.stdout + done.stderr).decode()
+    assert done.returncode == 0, output[-3000:]
+    lines = [line for line in output.split("\n") if line.strip()]
+    assert len(lines) < 40, "\n".join(lines)
+    # Each line once (log lines carry a timestamp: compare their messages).
+    messages = [line.split("] - ", 1)[-1] for line in lines]
+    repeated = [m for m, n in collections.Counter(messages).items() if n > 1]
+    assert not repeated, repeated
+    bars = [line for line in lines if "round " in line and "/4" in line]
+    assert len(bars) == 1
+    final = bars[0].split("\r")[-1]
+    assert final.startswith("round 4/4 · val acc 0.") and " · uplink " in final and " bits |" in final
+    uplink = final.split(" · uplink ")[1].split(" bits")[0]
+    assert int(uplink.replace(",", "")) == 4 * 10 * 32 * (64 * 64 + 64 + 64 * 10 + 10)  # an integer, exact
+    text = "\n".join(lines)
+    for noise in ("Validation", "Epoch 0", "Testing", "litlogger", "LeafSpec", "_target_:", "INFO: "):
+        assert noise not in text, noise
+    assert "_target_: fedlightning.methods.FedAvg" in (tmp_path / "config.yaml").read_text()
+
+
+def test_print_config_prints_the_resolved_config(
+    make_config: Callable[..., DictConfig], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="fedlightning"):
+        run(make_config(["rounds=1", "print_config=true", "logger=none"]), tmp_path)
+    assert "Config:\nmethod:\n  _target_: fedlightning.methods.FedAvg" in caplog.text
+    assert (tmp_path / "config.yaml").read_text().startswith("method:\n  _target_: fedlightning.methods.FedAvg")
+
+
+def test_progress_text_shows_integers_and_the_score() -> None:
+    assert progress_text(score_name="acc", score=0.5, uplink_bits=1234567) == "val acc 0.5000 · uplink 1,234,567 bits"
+    assert progress_text(score_name="r2", score=None, uplink_bits=7) == "uplink 7 bits"
