@@ -110,7 +110,13 @@ def test_a_failed_run_closes_its_wandb_run_as_failed(
     import wandb
 
     finished: list[dict[str, Any]] = []
-    monkeypatch.setattr(wandb, "finish", lambda **kwargs: finished.append(kwargs))
+    real_finish = wandb.finish
+
+    def finish(**kwargs: Any) -> None:  # record the call, and still close the run for later tests
+        finished.append(kwargs)
+        real_finish(**kwargs)
+
+    monkeypatch.setattr(wandb, "finish", finish)
 
     def crash(self: L.Trainer, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError("node pre-empted")

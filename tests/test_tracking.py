@@ -28,6 +28,9 @@ CHOICES = {
 def test_wandb_offline_run_carries_config_group_tags_name_and_bit_axes(
     make_config: Callable[..., DictConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import wandb
+
+    wandb.teardown()  # an earlier test's wandb session (WANDB_MODE=disabled) must not be reused
     monkeypatch.setenv("WANDB_MODE", "offline")
     overrides = ["compressor=natural", "seed=3", "rounds=2", "data.root=/somewhere"]
     cfg = make_config(["logger=wandb", "compressor=natural", "seed=3", "rounds=2"])
