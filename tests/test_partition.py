@@ -142,3 +142,43 @@ def test_fast_for_10k_clients(which: str) -> None:
     parts = PARTITIONERS[which](labels, k, np.random.default_rng(0))
     assert time.perf_counter() - start < 5.0
     check_valid(parts, n, k)
+
+
+# Outputs of every partitioner for one fixed seed, recorded before the keyword-only
+# ``seed=`` signature replaced ``rng``: (client sizes, client 0's first indices, a checksum
+# sum_k (k + 1) * sum(indices of client k)). The new API must reproduce them exactly.
+PINNED_LABELS = np.random.default_rng(0).integers(0, 10, 300)
+PINNED: dict[str, tuple[list[int], list[int], int]] = {
+    "iid": ([43, 43, 43, 43, 43, 43, 42], [0, 3, 12, 19, 26, 29], 173112),
+    "dirichlet_0.3": ([64, 36, 67, 52, 15, 37, 29], [0, 3, 4, 24, 28, 29], 149704),
+    "dirichlet_1e-3": ([74, 58, 1, 29, 41, 35, 62], [3, 8, 20, 31, 37, 38], 170818),
+    "shards_2": ([43, 43, 42, 44, 43, 43, 42], [11, 14, 19, 38, 39, 40], 182455),
+    "quantity_skew_0.5": ([77, 119, 2, 57, 3, 12, 30], [0, 2, 3, 6, 15, 16], 123653),
+    "natural_4": ([90, 90, 60, 60], [60, 61, 62, 63, 64, 65], 93705),
+}
+
+
+def _pinned_run(which: str) -> list[np.ndarray]:
+    from fedlightning.datamodules.partition import natural_partition
+
+    rng = np.random.default_rng(42)
+    if which == "iid":
+        return iid_partition(300, 7, rng)
+    if which == "dirichlet_0.3":
+        return dirichlet_partition(PINNED_LABELS, 7, 0.3, rng)
+    if which == "dirichlet_1e-3":
+        return dirichlet_partition(PINNED_LABELS, 7, 1e-3, rng)
+    if which == "shards_2":
+        return shard_partition(PINNED_LABELS, 7, 2, rng)
+    if which == "quantity_skew_0.5":
+        return quantity_skew_partition(300, 7, 0.5, rng)
+    return natural_partition(np.repeat(np.arange(10), 30), 4, rng)
+
+
+@pytest.mark.parametrize("which", sorted(PINNED))
+def test_seed_42_reproduces_the_recorded_partition(which: str) -> None:
+    parts = _pinned_run(which)
+    sizes, head, checksum = PINNED[which]
+    assert [len(p) for p in parts] == sizes
+    assert parts[0][:6].tolist() == head
+    assert int(sum((k + 1) * p.sum() for k, p in enumerate(parts))) == checksum
