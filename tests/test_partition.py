@@ -11,18 +11,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedlightning.datamodules.partition import (
+    MAX_DRAWS,
     DirichletPartition,
+    FilePartition,
+    NaturalPartition,
     IIDPartition,
     QuantitySkewPartition,
     ShardPartition,
     dirichlet_partition,
     iid_partition,
+    natural_partition,
     partition_summary,
+    plot_label_distribution,
     quantity_skew_partition,
     shard_partition,
 )
 
-Partitioner = Callable[[np.ndarray, int, np.random.Generator], list[np.ndarray]]
+Partitioner = Callable[..., list[np.ndarray]]
 
 PARTITIONERS: dict[str, Partitioner] = {
     "iid": IIDPartition(),
@@ -52,7 +57,7 @@ def check_valid(parts: list[np.ndarray], n: int, k: int) -> None:
 def test_exactly_once_and_no_empty_client(k: int, extra: int, classes: int, seed: int, which: str) -> None:
     n = 2 * k + extra  # shards need n >= 2k
     labels = np.random.default_rng(seed).integers(0, classes, n) * 3 + 1  # non-contiguous class ids
-    check_valid(PARTITIONERS[which](labels, k, np.random.default_rng(seed)), n, k)
+    check_valid(PARTITIONERS[which](labels, k, seed=seed), n, k)
 
 
 @pytest.mark.parametrize("which", sorted(PARTITIONERS))
@@ -60,14 +65,14 @@ def test_deterministic_per_seed(which: str) -> None:
     labels = np.random.default_rng(0).integers(0, 10, 1000)
 
     def run(seed: int) -> list[np.ndarray]:
-        return PARTITIONERS[which](labels, 20, np.random.default_rng(seed))
+        return PARTITIONERS[which](labels, 20, seed=seed)
 
     assert all(np.array_equal(a, b) for a, b in zip(run(3), run(3), strict=True))
     assert not all(np.array_equal(a, b) for a, b in zip(run(3), run(4), strict=True))
 
 
 def test_iid_sizes_differ_by_at_most_one() -> None:
-    sizes = [len(p) for p in iid_partition(103, 10, np.random.default_rng(0))]
+    sizes = [len(p) for p in iid_partition(np.zeros(103), 10, seed=0)]
     assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 103
 
 
@@ -82,7 +87,7 @@ def mean_label_entropy(labels: np.ndarray, parts: list[np.ndarray], c: int) -> f
 def test_dirichlet_small_alpha_is_more_skewed() -> None:
     labels = np.random.default_rng(0).integers(0, 10, 5000)
     ent = {
-        a: mean_label_entropy(labels, dirichlet_partition(labels, 20, a, np.random.default_rng(1)), 10)
+        a: mean_label_entropy(labels, dirichlet_partition(labels, 20, seed=1, alpha=a), 10)
         for a in (0.05, 1.0, 100.0)
     }
     assert ent[0.05] < ent[1.0] < ent[100.0]
@@ -91,13 +96,13 @@ def test_dirichlet_small_alpha_is_more_skewed() -> None:
 
 def test_shard_clients_see_few_labels() -> None:
     labels = np.repeat(np.arange(10), 100)
-    hist = partition_summary(labels, shard_partition(labels, 50, 2, np.random.default_rng(0)), 10)
+    hist = partition_summary(labels, shard_partition(labels, 50, seed=0, shards_per_client=2), 10)
     assert ((hist > 0).sum(axis=1) <= 2).all()
 
 
 def test_quantity_skew_keeps_labels_iid_and_sizes_skewed() -> None:
     n, k = 20_000, 20
-    sizes = [len(p) for p in quantity_skew_partition(n, k, 0.3, np.random.default_rng(0))]
+    sizes = [len(p) for p in quantity_skew_partition(np.zeros(n), k, seed=0, alpha=0.3)]
     assert max(sizes) > 4 * n / k > min(sizes) >= 1
 
 
@@ -110,7 +115,7 @@ def test_partition_summary_counts() -> None:
 @pytest.mark.parametrize("which", sorted(PARTITIONERS))
 def test_more_clients_than_samples_raises(which: str) -> None:
     with pytest.raises(ValueError, match=r"data\.num_clients"):
-        PARTITIONERS[which](np.zeros(5, dtype=np.int64), 6, np.random.default_rng(0))
+        PARTITIONERS[which](np.zeros(5, dtype=np.int64), 6, seed=0)
 
 
 def test_invalid_parameters_name_the_config_key() -> None:
@@ -124,7 +129,7 @@ def test_invalid_parameters_name_the_config_key() -> None:
     with pytest.raises(ValueError, match=r"partition\.shards_per_client"):
         ShardPartition(shards_per_client=0)
     with pytest.raises(ValueError, match=r"partition\.shards_per_client"):
-        shard_partition(np.zeros(10, dtype=np.int64), 4, 3, np.random.default_rng(0))
+        shard_partition(np.zeros(10, dtype=np.int64), 4, seed=0, shards_per_client=3)
 
 
 def test_names() -> None:
@@ -139,7 +144,7 @@ def test_fast_for_10k_clients(which: str) -> None:
     n, k = 100_000, 10_000
     labels = np.random.default_rng(0).integers(0, 10, n)
     start = time.perf_counter()
-    parts = PARTITIONERS[which](labels, k, np.random.default_rng(0))
+    parts = PARTITIONERS[which](labels, k, seed=0)
     assert time.perf_counter() - start < 5.0
     check_valid(parts, n, k)
 
@@ -159,20 +164,16 @@ PINNED: dict[str, tuple[list[int], list[int], int]] = {
 
 
 def _pinned_run(which: str) -> list[np.ndarray]:
-    from fedlightning.datamodules.partition import natural_partition
-
-    rng = np.random.default_rng(42)
-    if which == "iid":
-        return iid_partition(300, 7, rng)
-    if which == "dirichlet_0.3":
-        return dirichlet_partition(PINNED_LABELS, 7, 0.3, rng)
-    if which == "dirichlet_1e-3":
-        return dirichlet_partition(PINNED_LABELS, 7, 1e-3, rng)
-    if which == "shards_2":
-        return shard_partition(PINNED_LABELS, 7, 2, rng)
-    if which == "quantity_skew_0.5":
-        return quantity_skew_partition(300, 7, 0.5, rng)
-    return natural_partition(np.repeat(np.arange(10), 30), 4, rng)
+    groups = np.repeat(np.arange(10), 30)
+    calls: dict[str, Callable[[], list[np.ndarray]]] = {
+        "iid": lambda: iid_partition(PINNED_LABELS, 7, seed=42),
+        "dirichlet_0.3": lambda: dirichlet_partition(PINNED_LABELS, 7, seed=42, alpha=0.3),
+        "dirichlet_1e-3": lambda: dirichlet_partition(PINNED_LABELS, 7, seed=42, alpha=1e-3),
+        "shards_2": lambda: shard_partition(PINNED_LABELS, 7, seed=42, shards_per_client=2),
+        "quantity_skew_0.5": lambda: quantity_skew_partition(PINNED_LABELS, 7, seed=42, alpha=0.5),
+        "natural_4": lambda: natural_partition(PINNED_LABELS, 4, seed=42, groups=groups),
+    }
+    return calls[which]()
 
 
 @pytest.mark.parametrize("which", sorted(PINNED))
