@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +15,8 @@ from fedlightning.datamodules.partition import (
     MAX_DRAWS,
     DirichletPartition,
     FilePartition,
-    NaturalPartition,
     IIDPartition,
+    NaturalPartition,
     QuantitySkewPartition,
     ShardPartition,
     dirichlet_partition,
@@ -87,8 +88,7 @@ def mean_label_entropy(labels: np.ndarray, parts: list[np.ndarray], c: int) -> f
 def test_dirichlet_small_alpha_is_more_skewed() -> None:
     labels = np.random.default_rng(0).integers(0, 10, 5000)
     ent = {
-        a: mean_label_entropy(labels, dirichlet_partition(labels, 20, seed=1, alpha=a), 10)
-        for a in (0.05, 1.0, 100.0)
+        a: mean_label_entropy(labels, dirichlet_partition(labels, 20, seed=1, alpha=a), 10) for a in (0.05, 1.0, 100.0)
     }
     assert ent[0.05] < ent[1.0] < ent[100.0]
     assert ent[100.0] > 0.95 * np.log(10)  # near IID
@@ -183,3 +183,79 @@ def test_seed_42_reproduces_the_recorded_partition(which: str) -> None:
     assert [len(p) for p in parts] == sizes
     assert parts[0][:6].tolist() == head
     assert int(sum((k + 1) * p.sum() for k, p in enumerate(parts))) == checksum
+
+
+def test_min_partition_size_one_is_the_default_draw() -> None:
+    labels = np.random.default_rng(1).integers(0, 10, 500)
+    a = dirichlet_partition(labels, 30, seed=9, alpha=0.05)
+    b = dirichlet_partition(labels, 30, seed=9, alpha=0.05, min_partition_size=1)
+    assert all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("which", "call"),
+    [
+        ("dirichlet", lambda y, m: dirichlet_partition(y, 20, seed=0, alpha=0.3, min_partition_size=m)),
+        ("shards", lambda y, m: shard_partition(y, 7, seed=0, shards_per_client=3, min_partition_size=m)),
+        ("quantity_skew", lambda y, m: quantity_skew_partition(y, 20, seed=0, alpha=0.1, min_partition_size=m)),
+        ("natural", lambda y, m: natural_partition(y, 4, seed=0, groups=np.arange(y.size) % 13)),
+    ],
+)
+def test_min_partition_size_is_met_by_redrawing(which: str, call: Callable[..., list[np.ndarray]]) -> None:
+    labels = np.random.default_rng(2).integers(0, 10, 400)
+    small = min(len(p) for p in call(labels, 1))
+    wanted = {"dirichlet": 8, "shards": 57, "quantity_skew": 10, "natural": 90}[which]
+    parts = call(labels, wanted)
+    check_valid(parts, 400, len(parts))
+    assert min(len(p) for p in parts) >= wanted
+    if which == "dirichlet":  # the first draw had a smaller client, so a redraw happened
+        assert small < wanted
+
+
+def test_quantity_skew_gives_every_client_min_partition_size_first() -> None:
+    sizes = [len(p) for p in quantity_skew_partition(np.zeros(1000), 10, seed=3, alpha=0.05, min_partition_size=40)]
+    assert min(sizes) >= 40 and sum(sizes) == 1000 and max(sizes) > 200
+
+
+def test_unreachable_min_partition_size_is_refused_in_one_sentence() -> None:
+    labels = np.repeat(np.arange(10), 10)
+    with pytest.raises(ValueError) as info:
+        dirichlet_partition(labels, 10, seed=0, alpha=1e-4, min_partition_size=9)
+    assert str(info.value).startswith(f"After {MAX_DRAWS} random splits the smallest client still had ")
+    assert "lower partition.min_partition_size, raise partition.alpha or lower data.num_clients." in str(info.value)
+    with pytest.raises(ValueError, match=r"min_partition_size=11 with data\.num_clients=10 needs 110"):
+        iid_partition(labels, 10, seed=0, min_partition_size=11)
+    with pytest.raises(ValueError, match=r"3 natural groups have fewer than partition\.min_partition_size=5"):
+        groups = np.r_[np.zeros(20), [1, 1], [2], [3, 3, 3, 3]]
+        natural_partition(groups, 4, seed=0, groups=groups, min_partition_size=5)
+    with pytest.raises(ValueError, match=r"partition\.min_partition_size must be an integer >= 1"):
+        IIDPartition(min_partition_size=0)
+
+
+def test_the_wrappers_call_the_functions_and_their_own_seed_wins() -> None:
+    labels = np.random.default_rng(3).integers(0, 10, 300)
+    expected = dirichlet_partition(labels, 6, seed=7, alpha=0.2, min_partition_size=3)
+    wrapper = DirichletPartition(alpha=0.2, seed=7, min_partition_size=3)
+    for got in (wrapper(labels, 6, seed=0), wrapper(labels, 6)):
+        assert all(np.array_equal(u, v) for u, v in zip(expected, got, strict=True))
+    unseeded = ShardPartition(shards_per_client=3)(labels, 6, seed=7)
+    same = shard_partition(labels, 6, seed=7, shards_per_client=3)
+    assert all(np.array_equal(u, v) for u, v in zip(unseeded, same, strict=True))
+    with pytest.raises(ValueError, match=r"IIDPartition needs a seed: pass seed= or set partition\.seed"):
+        IIDPartition()(labels, 6)
+    groups = np.arange(300) % 5
+    natural = NaturalPartition(seed=1)(labels, 3, groups=groups)
+    direct = natural_partition(labels, 3, seed=1, groups=groups)
+    assert all(np.array_equal(u, v) for u, v in zip(natural, direct, strict=True))
+    with pytest.raises(ValueError, match=r"partition=file reuses the clients saved in data\.partition_file"):
+        FilePartition()(labels, 6, seed=0)
+
+
+@pytest.mark.parametrize(("clients", "classes"), [(10, 10), (100, 10), (300, 62)])
+def test_plot_label_distribution_writes_a_png(tmp_path: Path, clients: int, classes: int) -> None:
+    labels = np.random.default_rng(0).integers(0, classes, 20 * clients)
+    parts = dirichlet_partition(labels, clients, seed=0, alpha=0.5)
+    path = plot_label_distribution(labels, parts, tmp_path / "labels.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="class_names has 2 names for"):
+        plot_label_distribution(labels, parts, tmp_path / "x.png", class_names=["a", "b"])
