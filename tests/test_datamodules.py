@@ -6,12 +6,14 @@ import functools
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
+from omegaconf import DictConfig
 from sklearn.datasets import load_digits
 from torch import Tensor, nn
 
@@ -331,3 +333,25 @@ def test_a_saved_split_is_reused_under_another_run_seed_when_the_data_is_fixed(t
     assert torch.equal(dm.val_dataloader().dataset.tensors[0], again.val_dataloader().dataset.tensors[0])
     fresh = _FixedSplit(num_clients=3, partition=DirichletPartition(alpha=1.0), seed=8, val_fraction=0.25)
     assert not all(torch.equal(fresh.client_tensors(k)[0], again.client_tensors(k)[0]) for k in range(3))
+
+
+def test_a_run_saves_its_split_and_a_second_run_reuses_it_with_partition_file(
+    make_config: Callable[..., DictConfig], tmp_path: Path
+) -> None:
+    from fedlightning.errors import ConfigError
+    from fedlightning.run import run
+
+    quick = ["rounds=1", "logger=none", "data.num_clients=5", "partition.alpha=0.2"]
+    run(make_config(quick), tmp_path / "first")
+    first = tmp_path / "first"
+    assert (first / "label_distribution.png").read_bytes()[:4] == b"\x89PNG"
+    saved = str(first / "partition.json")
+    run(make_config([*quick[:3], "partition=file", f"data.partition_file={saved}"]), tmp_path / "again")
+    assert (tmp_path / "again" / "clients.csv").read_text() == (first / "clients.csv").read_text()
+    again = json.loads((tmp_path / "again" / "partition.json").read_text())
+    assert again["clients"] == json.loads(Path(saved).read_text())["clients"]
+    assert again["partition"] == "dirichlet_alpha0.2"
+    with pytest.raises(
+        ConfigError, match=r"and partition=dirichlet_alpha0\.5 both choose the clients; set partition=file"
+    ):
+        run(make_config(["rounds=1", f"data.partition_file={saved}"]), tmp_path / "conflict")
