@@ -256,6 +256,7 @@ def _run(
     if trainer.is_global_zero and cfg.get("save_partition", True):
         datamodule.save_partition(output_dir / "partition.json")
         datamodule.write_client_summary(output_dir / "clients.csv")
+        datamodule.plot_label_distribution(output_dir / "label_distribution.png")
     log.info("Run folder: %s", output_dir)
     log.info(
         "Aggregation: %s estimator over the uploaders (method.aggregation); %d process(es) share the cohort.",

@@ -111,7 +111,10 @@ SCHEMA_CASES = {
         ["data.partition_file=/nonexistent/partition.json does not exist", "or unset it"],
     ),
     "unknown partition key": (["+partition.alfa=1"], ["partition has no key alfa", "did you mean alpha?"]),
-    "key of another partition": (["partition=iid", "+partition.alpha=0.5"], ["partition has no key alpha", "no keys"]),
+    "key of another partition": (
+        ["partition=iid", "+partition.alpha=0.5"],
+        ["partition has no key alpha", "IIDPartition takes seed, min_partition_size."],
+    ),
     "unknown compressor key": (
         ["compressor=top_k", "+compressor.compressor.fractio=0.1"],
         ["compressor.compressor has no key fractio", "did you mean fraction?"],

@@ -2,24 +2,32 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
+from omegaconf import DictConfig
+from sklearn.datasets import load_digits
 from torch import Tensor, nn
 
 from fedlightning.datamodules import (
     DataUnavailableError,
     DigitsDataModule,
     DirichletPartition,
+    FederatedDataModule,
+    FilePartition,
     MNISTDataModule,
     ShardPartition,
     default_data_root,
 )
+from fedlightning.datamodules.partition import dirichlet_partition
 from fedlightning.models import build_model
 
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
@@ -72,16 +80,118 @@ def test_client_dataloader_covers_client() -> None:
 
 
 @pytest.mark.parametrize("suffix", [".json", ".npz"])
-def test_save_and_reload_partition(tmp_path: Path, suffix: str) -> None:
+def test_save_and_reload_partition_gives_the_same_clients_and_hold_out(tmp_path: Path, suffix: str) -> None:
     dm = DigitsDataModule(num_clients=6, partition=DirichletPartition(alpha=0.2), seed=3)
     path = tmp_path / f"part{suffix}"
     dm.save_partition(path)
     again = DigitsDataModule(num_clients=6, seed=3, partition_file=str(path))
     assert all(np.array_equal(dm.client_indices(k), again.client_indices(k)) for k in range(6))
-    with pytest.raises(ValueError, match="num_clients=6 \\(this run: 5\\)"):
-        DigitsDataModule(num_clients=5, seed=3, partition_file=str(path)).setup()
-    with pytest.raises(ValueError, match="seed=3 \\(this run: 4\\)"):
+    assert all(torch.equal(dm.client_tensors(k)[0], again.client_tensors(k)[0]) for k in range(6))
+    assert torch.equal(dm.val_dataloader().dataset.tensors[1], again.val_dataloader().dataset.tensors[1])
+    assert again.partition_name == "dirichlet_alpha0.2"
+    # Digits' test split is drawn from the seed: another seed trains on other digits.
+    with pytest.raises(ValueError, match=r"uses samples this run does not train on .* use seed=3"):
         DigitsDataModule(num_clients=6, seed=4, partition_file=str(path)).setup()
+    with pytest.raises(ValueError, match=r"num_clients=6 \(this run: 5\)"):
+        DigitsDataModule(num_clients=5, seed=3, partition_file=str(path)).setup()
+    with pytest.raises(ValueError, match=r"val_fraction=0\.1 \(this run: 0\.2\)"):
+        DigitsDataModule(num_clients=6, seed=3, val_fraction=0.2, partition_file=str(path)).setup()
+
+
+def test_partition_json_indexes_the_data_sets_own_samples(tmp_path: Path) -> None:
+    dm = DigitsDataModule(num_clients=4, partition=ShardPartition(), seed=1, max_train_samples=600)
+    dm.save_partition(tmp_path / "partition.json")
+    saved = json.loads((tmp_path / "partition.json").read_text())
+    assert (saved["format"], saved["version"], saved["index"]) == ("fedlightning.partition", 2, "dataset")
+    assert saved["num_dataset_samples"] == 1797 and saved["max_train_samples"] == 600
+    digits = load_digits()  # scikit-learn's own order: no test split, no subset, no hold-out
+    x_all = torch.from_numpy(digits.images / 16.0).reshape(-1, 1, 8, 8)
+    y_all = torch.from_numpy(digits.target)
+    for k, indices in enumerate(saved["clients"]):
+        x, y = dm.client_tensors(k)
+        own = dm.train_dataset_index[dm.client_indices(k)]  # the data set's index of each client row
+        assert torch.equal(y_all[own], y) and torch.equal(x_all[own].float(), x)
+        assert indices == sorted(own.tolist())
+    val_x, _ = dm.val_dataloader().dataset.tensors
+    assert torch.equal(x_all[dm.val_dataset_index].float(), val_x)
+    assert saved["validation"] == sorted(dm.val_dataset_index.tolist())
+    held_and_clients = [i for c in saved["clients"] for i in c] + saved["validation"]
+    assert len(held_and_clients) == len(set(held_and_clients)) == 600
+
+
+def test_version_1_file_is_read_when_its_settings_match_and_refused_otherwise(tmp_path: Path) -> None:
+    dm = DigitsDataModule(num_clients=3, partition=DirichletPartition(alpha=0.5), seed=2)
+    # The format before version 2: indices into the training set left after the hold-out.
+    old = {"dataset": "digits", "num_train_samples": dm.num_train_samples, "num_clients": 3, "seed": 2}
+    old |= {"val_fraction": 0.1, "clients": [dm.client_indices(k).tolist() for k in range(3)]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    again = DigitsDataModule(num_clients=3, seed=2, partition_file=str(path))
+    assert all(np.array_equal(dm.client_indices(k), again.client_indices(k)) for k in range(3))
+    with pytest.raises(ValueError, match=r"seed=2 \(this run: 5\)"):
+        DigitsDataModule(num_clients=3, seed=5, partition_file=str(path)).setup()
+    path.write_text(json.dumps({**old, "version": 9}))
+    with pytest.raises(ValueError, match="has format version 9, newer than the versions 1 to 2"):
+        DigitsDataModule(num_clients=3, seed=2, partition_file=str(path)).setup()
+
+
+def test_partition_file_with_a_drawn_partition_is_refused_naming_both_keys(tmp_path: Path) -> None:
+    path = tmp_path / "partition.json"
+    DigitsDataModule(num_clients=3).save_partition(path)
+    with pytest.raises(ValueError) as info:
+        DigitsDataModule(num_clients=3, partition=DirichletPartition(alpha=0.3), partition_file=str(path))
+    assert str(info.value) == (
+        f"data.partition_file={path} and partition=dirichlet_alpha0.3 both choose the clients; set "
+        "partition=file to reuse the saved clients, or unset data.partition_file to draw a new split."
+    )
+    with pytest.raises(ValueError, match=r"partition=file reuses the clients saved in data.partition_file"):
+        DigitsDataModule(num_clients=3, partition=FilePartition())
+    reused = DigitsDataModule(num_clients=3, partition=FilePartition(), partition_file=str(path))
+    assert sum(reused.client_sizes) == reused.num_train_samples
+
+
+def test_a_partitioner_without_seed_keyword_is_refused() -> None:
+    def old_style(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return np.array_split(np.arange(len(labels)), num_clients)
+
+    with pytest.raises(TypeError, match=r"must be called as partition\(labels, num_clients, \*, seed\)"):
+        DigitsDataModule(num_clients=3, partition=old_style)
+    dm = DigitsDataModule(num_clients=3, partition=functools.partial(dirichlet_partition, alpha=0.4), seed=1)
+    expected = dirichlet_partition(dm._train_tensors()[1].numpy(), 3, seed=1, alpha=0.4)
+    assert all(np.array_equal(dm.client_indices(k), expected[k]) for k in range(3))
+
+
+def test_loader_options_reach_every_loader_and_one_worker_gives_the_same_batches() -> None:
+    plain = DigitsDataModule(num_clients=3, seed=0)
+    worker = DigitsDataModule(num_clients=3, seed=0, num_workers=1, pin_memory=True, persistent_workers=True)
+    loaders = [
+        worker.val_dataloader(),
+        worker.test_dataloader(),
+        worker.train_dataloader(),
+        worker.client_dataloader(1),
+    ]
+    assert all((d.num_workers, d.pin_memory, d.persistent_workers) == (1, True, True) for d in loaders)
+    assert worker.loader_options() == {"num_workers": 1, "pin_memory": True, "persistent_workers": True}
+
+    def batches(dm: DigitsDataModule) -> list[Tensor]:
+        out = [t for b in dm.val_dataloader() for t in b] + [t for b in dm.test_dataloader() for t in b]
+        gen = torch.Generator().manual_seed(5)
+        out += [t for b in dm.client_dataloader(1, batch_size=16, generator=gen) for t in b]
+        torch.manual_seed(11)  # the centralised loader shuffles with the global stream
+        return out + [t for b in dm.train_dataloader() for t in b]
+
+    a, b = batches(plain), batches(DigitsDataModule(num_clients=3, seed=0, num_workers=1))
+    assert len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+    with pytest.raises(ValueError, match=r"data.persistent_workers=true keeps DataLoader workers alive"):
+        DigitsDataModule(persistent_workers=True)
+    with pytest.raises(ValueError, match=r"data.num_workers must be an integer >= 0"):
+        DigitsDataModule(num_workers=-1)
+
+
+def test_label_distribution_picture_is_written(tmp_path: Path) -> None:
+    dm = DigitsDataModule(num_clients=10, partition=DirichletPartition(alpha=0.3))
+    path = dm.plot_label_distribution(tmp_path / "label_distribution.png")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_config_validation_messages() -> None:
@@ -201,3 +311,47 @@ def test_default_root_honours_environment(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert default_data_root() == tmp_path and MNISTDataModule().root == tmp_path
     monkeypatch.delenv("FEDLIGHTNING_DATA")
     assert default_data_root() == Path(os.path.expanduser("~")) / ".cache" / "fedlightning" / "data"
+
+
+class _FixedSplit(FederatedDataModule):
+    """40 fixed samples (a fixed train/test split, like MNIST's): only the hold-out uses the seed."""
+
+    name = "fixed"
+    num_classes = 4
+    input_shape = (1,)
+
+    def _load(self) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        x = torch.arange(50, dtype=torch.float32)[:, None]
+        return (x[:40], torch.arange(40) % 4), (x[40:], torch.arange(10) % 4)
+
+
+def test_a_saved_split_is_reused_under_another_run_seed_when_the_data_is_fixed(tmp_path: Path) -> None:
+    dm = _FixedSplit(num_clients=3, partition=DirichletPartition(alpha=1.0), seed=3, val_fraction=0.25)
+    dm.save_partition(tmp_path / "partition.npz")
+    again = _FixedSplit(num_clients=3, seed=8, val_fraction=0.25, partition_file=str(tmp_path / "partition.npz"))
+    assert all(torch.equal(dm.client_tensors(k)[0], again.client_tensors(k)[0]) for k in range(3))
+    assert torch.equal(dm.val_dataloader().dataset.tensors[0], again.val_dataloader().dataset.tensors[0])
+    fresh = _FixedSplit(num_clients=3, partition=DirichletPartition(alpha=1.0), seed=8, val_fraction=0.25)
+    assert not all(torch.equal(fresh.client_tensors(k)[0], again.client_tensors(k)[0]) for k in range(3))
+
+
+def test_a_run_saves_its_split_and_a_second_run_reuses_it_with_partition_file(
+    make_config: Callable[..., DictConfig], tmp_path: Path
+) -> None:
+    from fedlightning.errors import ConfigError
+    from fedlightning.run import run
+
+    quick = ["rounds=1", "logger=none", "data.num_clients=5", "partition.alpha=0.2"]
+    run(make_config(quick), tmp_path / "first")
+    first = tmp_path / "first"
+    assert (first / "label_distribution.png").read_bytes()[:4] == b"\x89PNG"
+    saved = str(first / "partition.json")
+    run(make_config([*quick[:3], "partition=file", f"data.partition_file={saved}"]), tmp_path / "again")
+    assert (tmp_path / "again" / "clients.csv").read_text() == (first / "clients.csv").read_text()
+    again = json.loads((tmp_path / "again" / "partition.json").read_text())
+    assert again["clients"] == json.loads(Path(saved).read_text())["clients"]
+    assert again["partition"] == "dirichlet_alpha0.2"
+    with pytest.raises(
+        ConfigError, match=r"and partition=dirichlet_alpha0\.5 both choose the clients; set partition=file"
+    ):
+        run(make_config(["rounds=1", f"data.partition_file={saved}"]), tmp_path / "conflict")

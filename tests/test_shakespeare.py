@@ -104,9 +104,10 @@ def test_natural_merges_roles_and_rejects_too_many_clients(shared_data_root: Pat
 
 def test_natural_partition_pure() -> None:
     groups = np.array([3, 3, 7, 1, 7, 7])
-    parts = natural_partition(groups, 3, np.random.default_rng(0))
+    parts = natural_partition(groups, 3, seed=0, groups=groups)
     assert [p.tolist() for p in parts] == [[3], [0, 1], [2, 4, 5]]
-    merged = natural_partition(np.repeat(np.arange(10), 3), 4, np.random.default_rng(1))
+    thirty = np.repeat(np.arange(10), 3)
+    merged = natural_partition(thirty, 4, seed=1, groups=thirty)
     assert sorted(len(p) for p in merged) == [6, 6, 9, 9]
     assert all(len(set(np.repeat(np.arange(10), 3)[p] % 100)) == len(p) // 3 for p in merged)
     held, kept = grouped_holdout(np.array([0, 0, 0, 0, 0, 1, 2, 2]), 0.4, np.arange(8))
@@ -118,7 +119,7 @@ def test_natural_partition_fast_and_exact_for_10000_groups() -> None:
     groups = rng.integers(0, 10_000, size=100_000)
     groups[:10_000] = np.arange(10_000)
     started = time.perf_counter()
-    parts = natural_partition(groups, 10_000, rng)
+    parts = natural_partition(groups, 10_000, seed=rng, groups=groups)
     assert time.perf_counter() - started < 5.0
     idx = np.concatenate(parts)
     assert np.array_equal(np.sort(idx), np.arange(100_000))

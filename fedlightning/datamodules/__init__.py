@@ -11,6 +11,7 @@ from fedlightning.datamodules.emnist import EMNISTDataModule, FEMNISTDataModule
 from fedlightning.datamodules.mnist import MNISTDataModule
 from fedlightning.datamodules.partition import (
     DirichletPartition,
+    FilePartition,
     IIDPartition,
     NaturalPartition,
     QuantitySkewPartition,
@@ -20,6 +21,7 @@ from fedlightning.datamodules.partition import (
     iid_partition,
     natural_partition,
     partition_summary,
+    plot_label_distribution,
     quantity_skew_partition,
     shard_partition,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "EMNISTDataModule",
     "FEMNISTDataModule",
     "FederatedDataModule",
+    "FilePartition",
     "IIDPartition",
     "MNISTDataModule",
     "NaturalPartition",
@@ -46,6 +49,7 @@ __all__ = [
     "iid_partition",
     "natural_partition",
     "partition_summary",
+    "plot_label_distribution",
     "quantity_skew_partition",
     "shard_partition",
 ]

@@ -17,11 +17,13 @@ memory (``feature_dtype``, e.g. ``uint8``) is turned into model input per batch 
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -30,10 +32,12 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from fedlightning.datamodules.partition import (
+    FilePartition,
     IIDPartition,
     NaturalPartition,
     grouped_holdout,
     partition_summary,
+    plot_label_distribution,
 )
 from fedlightning.errors import FedLightningError
 
@@ -41,10 +45,16 @@ __all__ = ["DataUnavailableError", "FederatedDataModule", "default_data_root", "
 
 log = logging.getLogger(__name__)
 
-Partitioner = Callable[[np.ndarray, int, np.random.Generator], list[np.ndarray]]
+#: ``partition(labels, num_clients, *, seed) -> list of index arrays``, e.g. a partition
+#: dataclass or ``functools.partial(dirichlet_partition, alpha=0.3)``.
+Partitioner = Callable[..., list[np.ndarray]]
 
 #: Frozen, hence safe to share as a default argument.
 DEFAULT_PARTITION = IIDPartition()
+
+#: Version of the file :meth:`FederatedDataModule.save_partition` writes (docs/datamodules.md).
+PARTITION_FORMAT_VERSION = 2
+PARTITION_FORMAT = "fedlightning.partition"
 
 
 class DataUnavailableError(FedLightningError, RuntimeError):
@@ -82,19 +92,25 @@ class FederatedDataModule(L.LightningDataModule):
     Args:
         root: Folder holding the data set; ``None`` means :func:`default_data_root`.
         num_clients: Number of clients ``K`` (``data.num_clients``).
-        partition: Callable ``(labels, num_clients, rng) -> list of index arrays``, e.g.
-            :class:`~fedlightning.datamodules.partition.DirichletPartition`.
+        partition: Callable ``(labels, num_clients, *, seed) -> list of index arrays``, e.g.
+            :class:`~fedlightning.datamodules.partition.DirichletPartition`; ``None`` means
+            IID, or the saved clients when ``partition_file`` is set.
         batch_size: Default client and centralised training batch size.
         eval_batch_size: Batch size of the validation and test loaders.
         val_fraction: Share of the training set held out for validation, in ``[0, 1)``.
             With ``0`` the validation loader serves the test set (logged).
         seed: Seeds the validation split and the partition.
         download: Allow ``prepare_data`` to download missing files.
-        partition_file: A file written by :meth:`save_partition` to reuse instead of
-            partitioning again.
+        partition_file: A file written by :meth:`save_partition` whose clients and hold-out
+            are reused instead of drawing a split; combine it only with no partition or
+            :class:`~fedlightning.datamodules.partition.FilePartition` (``partition=file``).
         max_train_samples: Keep a random subset of this many training samples (before the
             validation split), e.g. for fast tests; logged as a subset. ``None``: all.
         max_test_samples: Likewise for the test set.
+        num_workers: ``DataLoader`` worker processes of every loader this module creates
+            (``0``: load in the main process).
+        pin_memory: Page-locked batches for faster host-to-GPU copies.
+        persistent_workers: Keep the workers alive between epochs (needs ``num_workers >= 1``).
 
     Example:
         >>> from fedlightning.datamodules import DigitsDataModule, DirichletPartition
@@ -114,13 +130,16 @@ class FederatedDataModule(L.LightningDataModule):
     #: dtype the features are stored in after ``_load``; ``None`` keeps the loaded dtype
     #: (e.g. ``uint8`` pixels or character indices, converted per batch by ``transform``).
     feature_dtype: torch.dtype | None = torch.float32
+    #: True for generated data (the samples themselves change with ``seed``): a saved partition
+    #: is then reused only under the seed it was saved with.
+    data_depends_on_seed: bool = False
 
     def __init__(
         self,
         *,
         root: str | None = None,
         num_clients: int = 10,
-        partition: Partitioner = DEFAULT_PARTITION,
+        partition: Partitioner | None = None,
         batch_size: int = 32,
         eval_batch_size: int = 1024,
         val_fraction: float = 0.1,
@@ -129,6 +148,9 @@ class FederatedDataModule(L.LightningDataModule):
         partition_file: str | None = None,
         max_train_samples: int | None = None,
         max_test_samples: int | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
     ) -> None:
         super().__init__()
         if isinstance(num_clients, bool) or int(num_clients) != num_clients or num_clients < 1:
@@ -141,9 +163,17 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(
                 f"data.batch_size and data.eval_batch_size must be >= 1 (got {batch_size}, {eval_batch_size})."
             )
+        if isinstance(num_workers, bool) or int(num_workers) != num_workers or num_workers < 0:
+            raise ValueError(f"data.num_workers must be an integer >= 0 (got {num_workers!r}).")
+        if persistent_workers and num_workers == 0:
+            raise ValueError(
+                "data.persistent_workers=true keeps DataLoader workers alive, but data.num_workers=0 starts none; "
+                "set data.num_workers >= 1 or data.persistent_workers=false."
+            )
+        _check_partition_choice(partition, partition_file)
         self.root = Path(root).expanduser() if root else default_data_root()
         self.num_clients = int(num_clients)
-        self.partition = partition
+        self.partition: Partitioner = DEFAULT_PARTITION if partition is None else partition
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.val_fraction = float(val_fraction)
@@ -155,6 +185,14 @@ class FederatedDataModule(L.LightningDataModule):
                 raise ValueError(f"data.{key} must be an integer >= 1 or null (got {value!r}).")
         self.max_train_samples = None if max_train_samples is None else int(max_train_samples)
         self.max_test_samples = None if max_test_samples is None else int(max_test_samples)
+        self.num_workers = int(num_workers)
+        self.pin_memory = bool(pin_memory)
+        self.persistent_workers = bool(persistent_workers)
+        #: Set by a ``_load`` whose training rows are not simply ``0..n-1`` of the data set
+        #: (a test split carved from it, a subset decoded): (number of samples of the data set,
+        #: the data set's index of each training row returned), so saved partitions use the
+        #: data set's own indices.
+        self._dataset_rows: tuple[int, np.ndarray] | None = None
         self._train: tuple[Tensor, Tensor] | None = None
         self._val: tuple[Tensor, Tensor] | None = None
         self._test: tuple[Tensor, Tensor] | None = None
@@ -198,18 +236,26 @@ class FederatedDataModule(L.LightningDataModule):
             self._download()
 
     def setup(self, stage: str | None = None) -> None:
-        """Load, split off validation, and partition the training set (once)."""
+        """Load, split off validation, and partition the training set (once).
+
+        With ``partition_file`` set, the hold-out and the clients are the file's (see
+        :meth:`save_partition`) instead of being drawn from ``seed``.
+        """
         if self._train is not None:
             return
         (x, y), test = self._load()
         x, y = self._cast(x), y.long()
-        natural = isinstance(self.partition, NaturalPartition) and not self.partition_file
+        num_dataset, origin = self._dataset_rows or (len(y), np.arange(len(y), dtype=np.int64))
+        origin = np.asarray(origin, dtype=np.int64)
+        saved = self._read_partition(Path(self.partition_file)) if self.partition_file else None
+        natural = isinstance(self.partition, NaturalPartition)
         groups = self._natural_groups(len(y)) if natural else None
         keep = subset_indices(len(y), self.max_train_samples, self.seed)
         if keep is not None:
             self._add_notice(f"subset: {len(keep):,} of {len(y):,} training samples (data.max_train_samples)")
             x, y = x[torch.from_numpy(keep)], y[torch.from_numpy(keep)]
             groups = groups[keep] if groups is not None else None
+            origin = origin[keep]
         keep = subset_indices(len(test[1]), self.max_test_samples, self.seed)
         if keep is not None:
             self._add_notice(f"subset: {len(keep):,} of {len(test[1]):,} test samples (data.max_test_samples)")
@@ -217,18 +263,26 @@ class FederatedDataModule(L.LightningDataModule):
         n = len(y)
         if self.notice:
             log.warning("%s: %s", self.name, self.notice)
-        n_val = round(self.val_fraction * n)
-        # A stream of its own, so changing val_fraction does not shift the partition's draws.
-        perm = np.random.default_rng([self.seed, 1]).permutation(n)
-        if groups is None:
-            val_sel, train_sel = perm[:n_val], perm[n_val:]
-        else:  # hold out within each natural client, never its last sample
-            val_sel, train_sel = grouped_holdout(groups, self.val_fraction, perm)
-            n_val = len(val_sel)
+        if saved is not None and saved["version"] >= 2:
+            val_sel, train_sel = self._rows_of_saved_split(saved, origin, num_dataset)
+        else:
+            n_val = round(self.val_fraction * n)
+            # A stream of its own, so changing val_fraction does not shift the partition's draws.
+            perm = np.random.default_rng([self.seed, 1]).permutation(n)
+            if groups is None:
+                val_sel, train_sel = perm[:n_val], perm[n_val:]
+            else:  # hold out within each natural client, never its last sample
+                val_sel, train_sel = grouped_holdout(groups, self.val_fraction, perm)
+        n_val = len(val_sel)
         val_idx = torch.from_numpy(np.sort(val_sel))
         train_idx = torch.from_numpy(np.sort(train_sel))
         #: Position of each training sample in the data ``_load`` returned (after any subset).
         self.train_index = train_idx.numpy()
+        #: The data set's own index (into its full training split) of each training sample.
+        self.train_dataset_index = origin[self.train_index]
+        #: The data set's own index of each held-out validation sample.
+        self.val_dataset_index = origin[val_idx.numpy()]
+        self._num_dataset_samples = int(num_dataset)
         if len(train_idx) < self.num_clients:
             raise ValueError(
                 f"data.num_clients={self.num_clients} exceeds the {len(train_idx)} training samples of "
@@ -239,14 +293,17 @@ class FederatedDataModule(L.LightningDataModule):
         self._test = (self._cast(test[0]).contiguous(), test[1].long().contiguous())
         del x, y
         labels = train[1].numpy()
-        if self.partition_file:
-            parts = self._read_partition(Path(self.partition_file), len(labels))
+        if saved is not None and saved["version"] >= 2:
+            position = np.full(num_dataset, -1, dtype=np.int64)
+            position[self.train_dataset_index] = np.arange(len(labels))
+            parts = [np.sort(position[c]) for c in saved["clients"]]
+        elif saved is not None:
+            parts = self._check_v1_partition(saved, len(labels))
         elif groups is not None:
             train_groups = groups[train_idx.numpy()]
-            rng = np.random.default_rng(self.seed)
-            parts = self.partition(labels, self.num_clients, rng, groups=train_groups)  # type: ignore[call-arg]
+            parts = self.partition(labels, self.num_clients, seed=self.seed, groups=train_groups)
         else:
-            parts = self.partition(labels, self.num_clients, np.random.default_rng(self.seed))
+            parts = self.partition(labels, self.num_clients, seed=self.seed)
         self._parts = [np.asarray(p, dtype=np.int64) for p in parts]
         self._check_partition(len(labels))
         self._train = train
@@ -316,8 +373,20 @@ class FederatedDataModule(L.LightningDataModule):
             batch_size=batch_size or self.batch_size,
             shuffle=shuffle,
             generator=generator,
-            num_workers=0,
+            **self.loader_options(),
         )
+
+    def loader_options(self) -> dict[str, Any]:
+        """``num_workers``, ``pin_memory`` and ``persistent_workers``, as passed to every loader.
+
+        For reusing the module's data with a ``DataLoader`` of one's own, e.g.
+        ``DataLoader(dm.client_dataset(0), batch_size=64, **dm.loader_options())``.
+        """
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+        }
 
     def label_histogram(self) -> np.ndarray:
         """``(num_clients, num_classes)`` count of each label on each client."""
@@ -345,13 +414,16 @@ class FederatedDataModule(L.LightningDataModule):
         """All clients' data together, shuffled, for centralised training.
 
         Batches go through :meth:`augment` (with a generator seeded from ``seed``) when a
-        subclass defines augmentation or a ``transform``.
+        subclass defines augmentation or a ``transform``. With ``num_workers >= 1`` each
+        worker augments with its own copy of that generator, so random augmentations (not the
+        batches' samples or order) differ from a ``num_workers=0`` loader.
         """
         return DataLoader(
             TensorDataset(*self._train_tensors()),
             batch_size=self.batch_size,
             shuffle=True,
             collate_fn=_AugmentCollate(self) if self._has_batch_hooks() else None,
+            **self.loader_options(),
         )
 
     def val_dataloader(self) -> DataLoader:
@@ -367,59 +439,150 @@ class FederatedDataModule(L.LightningDataModule):
     # -- saving and reloading a partition -----------------------------------------------
 
     def save_partition(self, path: str | os.PathLike[str]) -> None:
-        """Write the client index arrays to ``path`` (``.json``, else ``.npz``).
+        """Write the hold-out and the clients to ``path`` (``.json``, else ``.npz``).
 
-        The file also records the data set, seed and validation fraction, which fix the
-        training set the indices refer to; reloading checks them.
+        All indices are the data set's own: positions in its full training split as loaded,
+        before any ``max_train_samples`` subset and the validation hold-out (format version 2,
+        described in docs/datamodules.md). Reload with ``partition_file=path``.
         """
         self._ensure_setup()
         path = Path(path)
         meta = self._partition_meta()
+        clients = [np.sort(self.train_dataset_index[p]) for p in self._parts]
         if path.suffix == ".json":
-            path.write_text(json.dumps({**meta, "clients": [p.tolist() for p in self._parts]}))
+            validation = np.sort(self.val_dataset_index).tolist()
+            body = {**meta, "validation": validation, "clients": [c.tolist() for c in clients]}
+            path.write_text(json.dumps(body))
         else:
             np.savez_compressed(
                 path,
-                indices=np.concatenate(self._parts),
+                indices=np.concatenate(clients),
                 offsets=np.cumsum([0, *self.client_sizes]),
+                validation=np.sort(self.val_dataset_index),
                 meta=np.array(json.dumps(meta)),
             )
 
+    def plot_label_distribution(self, path: str | os.PathLike[str]) -> Path | None:
+        """Save the per-client label histogram (:func:`~.partition.plot_label_distribution`).
+
+        Returns ``path``, or ``None`` for a regression data set (no labels to count).
+        """
+        self._ensure_setup()
+        if self.task != "classification":
+            return None
+        name = self.partition_name
+        if self.partition_file:
+            name = f"{name} from {Path(self.partition_file).name}"
+        labels = self._train_tensors()[1].numpy()
+        title = f"{self.name}, {name}: {self.num_clients} clients, {len(labels):,} training samples"
+        return plot_label_distribution(labels, self._parts, path, title=title)
+
+    @property
+    def partition_name(self) -> str:
+        """Short name of the partition: the partitioner's, or the saved one's with ``partition_file``."""
+        if self.partition_file:
+            return str(getattr(self, "_saved_partition_name", None) or "file")
+        return str(getattr(self.partition, "name", type(self.partition).__name__))
+
     def _partition_meta(self) -> dict[str, object]:
         return {
+            "format": PARTITION_FORMAT,
+            "version": PARTITION_FORMAT_VERSION,
             "dataset": self.name,
+            "index": "dataset",
+            "num_dataset_samples": self._num_dataset_samples,
             "num_train_samples": self.num_train_samples,
             "num_clients": self.num_clients,
+            "partition": self.partition_name,
             "seed": self.seed,
             "val_fraction": self.val_fraction,
+            "max_train_samples": self.max_train_samples,
         }
 
-    def _read_partition(self, path: Path, num_train: int) -> list[np.ndarray]:
+    def _read_partition(self, path: Path) -> dict[str, Any]:
+        """Read a saved partition: its meta, ``version``, ``clients`` and (version 2) ``validation``."""
         if not path.is_file():
             raise FileNotFoundError(f"data.partition_file={path} does not exist; unset it or point it at a saved file.")
         if path.suffix == ".json":
             raw = json.loads(path.read_text())
-            parts = [np.asarray(c, dtype=np.int64) for c in raw.pop("clients")]
-            meta = raw
+            if not isinstance(raw, dict) or "clients" not in raw:
+                raise ValueError(f"data.partition_file={path} is not a partition file (no 'clients' list).")
+            raw["clients"] = [np.asarray(c, dtype=np.int64) for c in raw["clients"]]
+            if "validation" in raw:
+                raw["validation"] = np.asarray(raw["validation"], dtype=np.int64)
         else:
             with np.load(path) as z:
-                meta = json.loads(str(z["meta"]))
-                parts = np.split(z["indices"].astype(np.int64), z["offsets"][1:-1])
-        expected = {
-            "dataset": self.name,
-            "num_train_samples": num_train,
-            "num_clients": self.num_clients,
-        }
-        expected |= {"seed": self.seed, "val_fraction": self.val_fraction}
+                raw = json.loads(str(z["meta"]))
+                raw["clients"] = np.split(z["indices"].astype(np.int64), z["offsets"][1:-1])
+                if "validation" in z.files:
+                    raw["validation"] = z["validation"].astype(np.int64)
+        raw["version"] = version = int(raw.get("version", 1))  # version 1 files carry no version
+        if version > PARTITION_FORMAT_VERSION:
+            raise ValueError(
+                f"data.partition_file={path} has format version {version}, newer than the versions 1 to "
+                f"{PARTITION_FORMAT_VERSION} this fedlightning reads; upgrade fedlightning or re-save the partition."
+            )
+        expected = {"dataset": self.name, "num_clients": self.num_clients}
+        if version >= 2:
+            expected |= {"val_fraction": self.val_fraction, "max_train_samples": self.max_train_samples}
+        self._refuse_mismatch(path, raw, expected, len(raw["clients"]) != self.num_clients)
+        raw["path"] = path
+        self._saved_partition_name = raw.get("partition")
+        return raw
+
+    def _refuse_mismatch(self, path: Path, meta: dict[str, Any], expected: dict[str, Any], bad_count: bool) -> None:
         diff = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
-        if diff or len(parts) != self.num_clients:
+        if diff or bad_count:
             got = ", ".join(f"{k}={a} (this run: {b})" for k, (a, b) in diff.items())
             raise ValueError(
                 f"data.partition_file={path} does not match this data set: {got or 'client count differs'}; "
-                "use the same data settings or delete data.partition_file to partition again."
+                "use the same data settings or unset data.partition_file to partition again."
             )
-        log.info("Loaded partition of %d clients from %s", len(parts), path)
-        return parts
+
+    def _rows_of_saved_split(
+        self, saved: dict[str, Any], origin: np.ndarray, num_dataset: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (of the loaded, subset data) of a version-2 file's validation and client samples."""
+        path = saved["path"]
+        self._refuse_mismatch(path, saved, {"num_dataset_samples": num_dataset}, False)
+        row = np.full(num_dataset, -1, dtype=np.int64)
+        row[origin] = np.arange(origin.size)
+        val = saved.get("validation", np.empty(0, np.int64))
+        train = np.concatenate(saved["clients"]) if saved["clients"] else np.empty(0, np.int64)
+        both = np.concatenate([val, train])
+        if both.size and (both.min() < 0 or both.max() >= num_dataset):
+            raise ValueError(f"data.partition_file={path} holds indices outside [0, {num_dataset}); re-save it.")
+        if np.bincount(both, minlength=num_dataset).max(initial=1) > 1:
+            raise ValueError(f"data.partition_file={path} lists a sample twice (clients or validation); re-save it.")
+        if (row[both] < 0).any():
+            raise ValueError(
+                f"data.partition_file={path} uses samples this run does not train on (its test split or "
+                f"data.max_train_samples subset depends on seed={self.seed}; the file's seed was "
+                f"{saved.get('seed')}); use seed={saved.get('seed')}."
+            )
+        if saved.get("seed") != self.seed and self.data_depends_on_seed:
+            raise ValueError(
+                f"data={self.name} generates its samples from seed, so data.partition_file={path} (saved with "
+                f"seed={saved.get('seed')}) names other samples under seed={self.seed}; use seed={saved.get('seed')}."
+            )
+        if saved.get("seed") != self.seed:
+            log.info(
+                "%s: clients and hold-out from %s (saved with seed=%s); seed=%s seeds everything else.",
+                self.name,
+                path,
+                saved.get("seed"),
+                self.seed,
+            )
+        log.info("Loaded partition of %d clients from %s", len(saved["clients"]), path)
+        return row[val], row[train]
+
+    def _check_v1_partition(self, saved: dict[str, Any], num_train: int) -> list[np.ndarray]:
+        """A version-1 file indexes the post-hold-out training set: all its settings must match."""
+        path = saved["path"]
+        expected = {"num_train_samples": num_train, "seed": self.seed, "val_fraction": self.val_fraction}
+        self._refuse_mismatch(path, saved, expected, False)
+        log.info("Loaded partition of %d clients from %s (format version 1)", len(saved["clients"]), path)
+        return list(saved["clients"])
 
     # -- internals ----------------------------------------------------------------------
 
@@ -438,8 +601,8 @@ class FederatedDataModule(L.LightningDataModule):
             TensorDataset(*data),
             batch_size=self.eval_batch_size,
             shuffle=False,
-            num_workers=0,
             collate_fn=_TransformCollate(self) if self._has_batch_hooks() else None,
+            **self.loader_options(),
         )
 
     def _has_batch_hooks(self) -> bool:
@@ -504,6 +667,31 @@ class FederatedDataModule(L.LightningDataModule):
             # The full table at INFO for small federations, at DEBUG otherwise (it can be long).
             level = logging.INFO if self.num_clients <= 20 else logging.DEBUG
             log.log(level, "%s partition:\n%s", self.name, "\n".join(lines))
+
+
+def _check_partition_choice(partition: Partitioner | None, partition_file: str | None) -> None:
+    """Refuse a drawn partition together with ``partition_file`` (both would choose the clients)."""
+    if partition_file and partition is not None and not isinstance(partition, FilePartition):
+        name = getattr(partition, "name", type(partition).__name__)
+        raise ValueError(
+            f"data.partition_file={partition_file} and partition={name} both choose the clients; set "
+            "partition=file to reuse the saved clients, or unset data.partition_file to draw a new split."
+        )
+    if partition is not None and not isinstance(partition, FilePartition):
+        try:
+            params = inspect.signature(partition).parameters.values()
+        except (TypeError, ValueError):  # no introspectable signature: trust it
+            params = None
+        if params is not None and not any(p.name == "seed" or p.kind is p.VAR_KEYWORD for p in params):
+            raise TypeError(
+                f"partition={partition!r} must be called as partition(labels, num_clients, *, seed), the "
+                "signature of every fedlightning partitioner; wrap a (labels, num_clients, rng) function in one."
+            )
+    if isinstance(partition, FilePartition) and not partition_file:
+        raise ValueError(
+            "partition=file reuses the clients saved in data.partition_file, which is not set; "
+            "set data.partition_file=<run folder>/partition.json or choose another partition."
+        )
 
 
 class _TransformCollate:

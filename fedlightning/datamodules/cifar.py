@@ -328,6 +328,8 @@ class CIFAR10DataModule(FederatedDataModule):
                     x[i] = np.asarray(Image.open(io.BytesIO(f.read())).convert("RGB"))
                 y = np.fromiter((c for c, _, _ in chosen), dtype=np.int64, count=len(chosen))
                 if keep is not None:
+                    if split == "train":  # saved partitions index the full split
+                        self._dataset_rows = (len(items), keep)
                     what = "training" if split == "train" else "test"
                     self._add_notice(f"subset: {len(chosen):,} of {len(items):,} {what} JPEGs decoded")
                 out.append((np.ascontiguousarray(x.transpose(0, 3, 1, 2)), y))
@@ -356,6 +358,7 @@ class CIFAR10DataModule(FederatedDataModule):
         perm = np.random.default_rng([self.seed, 3]).permutation(len(y))
         n_hold = round(self.test_holdout_fraction * len(y))
         hold, rest = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])
+        self._dataset_rows = (len(y), rest)  # saved partitions index the PNGs
         self._add_notice(
             f"subset: {len(y)} of 60,000 CIFAR-10 images (lossless PNGs of the first training batch); "
             f"{len(rest)} for training and {len(hold)} held out as the test set"

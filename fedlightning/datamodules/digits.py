@@ -30,10 +30,11 @@ class DigitsDataModule(FederatedDataModule):
         digits = load_digits()
         x = (digits.images / 16.0).astype(np.float32).reshape(-1, *self.input_shape)
         y = digits.target.astype(np.int64)
-        x_tr, x_te, y_tr, y_te = train_test_split(
-            x, y, test_size=self.test_fraction, stratify=y, random_state=self.seed
+        idx_tr, idx_te = train_test_split(
+            np.arange(len(y)), test_size=self.test_fraction, stratify=y, random_state=self.seed
         )
-        return (torch.from_numpy(x_tr), torch.from_numpy(y_tr)), (
-            torch.from_numpy(x_te),
-            torch.from_numpy(y_te),
+        self._dataset_rows = (len(y), idx_tr)  # saved partitions index scikit-learn's 1,797 digits
+        return (torch.from_numpy(x[idx_tr]), torch.from_numpy(y[idx_tr])), (
+            torch.from_numpy(x[idx_te]),
+            torch.from_numpy(y[idx_te]),
         )

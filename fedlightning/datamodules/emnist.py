@@ -223,6 +223,7 @@ class EMNISTDataModule(FederatedDataModule):
         perm = np.random.default_rng([self.seed, 3]).permutation(len(data[1]))
         n_hold = round(self.test_holdout_fraction * len(perm))
         hold, rest = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])
+        self._dataset_rows = (len(perm), rest)  # saved partitions index all images loaded
         self._add_notice(
             f"{option}: training on {len(rest):,} and testing on {len(hold):,} of the {len(perm):,} {what} images "
             "loaded, not on the official train/test split: not comparable to published EMNIST results"

@@ -188,6 +188,7 @@ class GolubDataModule(FederatedDataModule):
             np.arange(len(data.y)), test_size=self.test_fraction, stratify=data.y, random_state=self.seed
         )
         idx_tr, idx_te = np.sort(idx_tr), np.sort(idx_te)
+        self._dataset_rows = (len(data.y), idx_tr)  # saved partitions index the 72 patients
         self.train_patients, self.test_patients = data.patients[idx_tr], data.patients[idx_te]
         x_tr, x_te = data.x[idx_tr], data.x[idx_te]
         if self.feature_standardise:

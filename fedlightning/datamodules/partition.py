@@ -1,17 +1,27 @@
 """Partitioners: split a data set's sample indices across federated clients.
 
-Every partitioner is a pure function of its inputs and a ``numpy.random.Generator``. It
-returns one sorted ``int64`` index array per client; together they hold every sample
-index ``0..N-1`` exactly once, and no client is empty (a ``ValueError`` is raised when
-``N < num_clients`` makes that impossible). All of them are vectorised, so 10,000 clients
-over 100,000 samples take well under a second.
+Every partitioner has one signature::
 
-The small dataclasses at the bottom wrap the functions for Hydra (``_target_``), e.g.
-``partition: {_target_: fedlightning.datamodules.DirichletPartition, alpha: 0.1}``.
+    xxx_partition(labels, num_clients, *, seed, min_partition_size=1, **params) -> list[np.ndarray]
+
+``labels`` is the class label of every sample (only its length matters to the label-blind
+``iid`` and ``quantity_skew`` splits), ``seed`` an ``int`` (or a ``numpy.random.Generator``
+to continue) and ``params`` the partitioner's own hyperparameters (``alpha``,
+``shards_per_client``, ``groups``). Each returns one sorted ``int64`` index array per client;
+together they hold every index ``0..N-1`` exactly once, and every client holds at least
+``min_partition_size`` samples: a random split is drawn again (at most ``MAX_DRAWS`` times)
+while some client is smaller, and a split that cannot reach the minimum raises a
+``ValueError`` naming the keys to change. With ``min_partition_size=1`` (the default) the
+first draw always succeeds. All of them are vectorised, so 10,000 clients over 100,000
+samples take well under a second.
+
+The frozen dataclasses below wrap the functions for Hydra (``_target_``), e.g.
+``partition: {_target_: fedlightning.datamodules.DirichletPartition, alpha: 0.1}``; they are
+called like the functions, ``DirichletPartition(alpha=0.1)(labels, 10, seed=0)``.
+:func:`plot_label_distribution` draws the per-client label histogram of any split.
 
 Example:
-    >>> rng = np.random.default_rng(0)
-    >>> parts = iid_partition(10, 3, rng)
+    >>> parts = iid_partition(np.zeros(10), 3, seed=0)
     >>> [len(p) for p in parts]
     [4, 3, 3]
     >>> np.sort(np.concatenate(parts)).tolist() == list(range(10))
@@ -20,33 +30,73 @@ Example:
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = [
+    "MAX_DRAWS",
     "DirichletPartition",
+    "FilePartition",
     "IIDPartition",
     "NaturalPartition",
     "QuantitySkewPartition",
+    "Seed",
     "ShardPartition",
     "dirichlet_partition",
     "grouped_holdout",
     "iid_partition",
     "natural_partition",
     "partition_summary",
+    "plot_label_distribution",
     "quantity_skew_partition",
     "shard_partition",
 ]
 
+#: A partitioner's randomness: an integer seed, or a generator whose stream is continued.
+Seed = int | np.random.Generator
 
-def _check_counts(num_samples: int, num_clients: int) -> None:
-    if num_clients < 1:
-        raise ValueError(f"data.num_clients must be >= 1 (got {num_clients}).")
+#: Most random splits drawn while a client is below ``min_partition_size``.
+MAX_DRAWS = 100
+
+
+def _rng(seed: Seed) -> np.random.Generator:
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer | np.random.Generator):
+        raise ValueError(f"A partitioner's seed must be an integer or a numpy Generator (got {seed!r}).")
+    return np.random.default_rng(seed)
+
+
+def _labels(labels: ArrayLike) -> np.ndarray:
+    return np.asarray(labels).reshape(-1)
+
+
+def _check_min_size(min_partition_size: int) -> None:
+    if isinstance(min_partition_size, bool) or int(min_partition_size) != min_partition_size or min_partition_size < 1:
+        raise ValueError(
+            f"partition.min_partition_size must be an integer >= 1 (got {min_partition_size!r}); "
+            "use e.g. partition.min_partition_size=1"
+        )
+
+
+def _check_counts(num_samples: int, num_clients: int, min_partition_size: int = 1) -> None:
+    if isinstance(num_clients, bool) or int(num_clients) != num_clients or num_clients < 1:
+        raise ValueError(f"data.num_clients must be an integer >= 1 (got {num_clients!r}).")
+    _check_min_size(min_partition_size)
     if num_samples < num_clients:
         raise ValueError(
             f"Cannot give each of data.num_clients={num_clients} clients at least one sample: "
             f"only {num_samples} training samples; lower data.num_clients."
+        )
+    if num_samples < num_clients * min_partition_size:
+        raise ValueError(
+            f"partition.min_partition_size={min_partition_size} with data.num_clients={num_clients} needs "
+            f"{num_clients * min_partition_size} training samples but there are only {num_samples}; "
+            "lower partition.min_partition_size or data.num_clients."
         )
 
 
@@ -55,12 +105,45 @@ def _check_alpha(alpha: float) -> None:
         raise ValueError(f"partition.alpha must be > 0 (got {alpha}); use e.g. partition.alpha=0.5")
 
 
+def _check_shards(shards_per_client: int) -> None:
+    if isinstance(shards_per_client, bool) or int(shards_per_client) != shards_per_client:
+        raise ValueError(
+            f"partition.shards_per_client must be an integer (got {shards_per_client!r}); "
+            "use e.g. partition.shards_per_client=2"
+        )
+    if shards_per_client < 1:
+        raise ValueError(
+            f"partition.shards_per_client must be >= 1 (got {shards_per_client}); "
+            "use e.g. partition.shards_per_client=2"
+        )
+
+
 def _group(assignment: np.ndarray, num_clients: int) -> list[np.ndarray]:
     """Turn a client id per sample into sorted per-client index arrays."""
     # A stable argsort of the client ids keeps the indices ascending inside each client.
     order = np.argsort(assignment, kind="stable").astype(np.int64, copy=False)
     sizes = np.bincount(assignment, minlength=num_clients)
     return np.split(order, np.cumsum(sizes)[:-1])
+
+
+def _draw_until_large_enough(
+    draw: Callable[[np.random.Generator], np.ndarray],
+    rng: np.random.Generator,
+    num_clients: int,
+    min_partition_size: int,
+    fix: str,
+) -> np.ndarray:
+    """Call ``draw(rng)`` (a client id per sample) until every client has ``min_partition_size``."""
+    smallest = 0
+    for _ in range(MAX_DRAWS):
+        assignment = draw(rng)
+        smallest = int(np.bincount(assignment, minlength=num_clients).min())
+        if smallest >= min_partition_size:
+            return assignment
+    raise ValueError(
+        f"After {MAX_DRAWS} random splits the smallest client still had {smallest} samples, fewer than "
+        f"partition.min_partition_size={min_partition_size}; lower partition.min_partition_size, {fix}."
+    )
 
 
 def _dirichlet(rng: np.random.Generator, alpha: float, k: int, size: int | None = None) -> np.ndarray:
@@ -75,21 +158,25 @@ def _dirichlet(rng: np.random.Generator, alpha: float, k: int, size: int | None 
     return p if size is not None else p[0]
 
 
-def iid_partition(num_samples: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+def iid_partition(labels: ArrayLike, num_clients: int, *, seed: Seed, min_partition_size: int = 1) -> list[np.ndarray]:
     """Shuffle the samples and deal them into equal shares.
 
     Args:
-        num_samples: Number of samples ``N``.
+        labels: One entry per sample (only the count ``N`` is used).
         num_clients: Number of clients ``K``.
-        rng: Source of randomness.
+        seed: Seed or generator of the shuffle.
+        min_partition_size: Fewest samples per client; the shares are ``floor(N/K)`` or
+            ``ceil(N/K)``, so this only refuses a ``K`` too large for ``N``.
 
     Returns:
         ``K`` sorted ``int64`` index arrays whose sizes differ by at most one.
 
     Raises:
-        ValueError: If ``N < K``.
+        ValueError: If ``N < K * min_partition_size``.
     """
-    _check_counts(num_samples, num_clients)
+    num_samples = _labels(labels).size
+    _check_counts(num_samples, num_clients, min_partition_size)
+    rng = _rng(seed)
     sizes = np.full(num_clients, num_samples // num_clients)
     sizes[: num_samples % num_clients] += 1
     assignment = np.empty(num_samples, dtype=np.int64)
@@ -98,7 +185,12 @@ def iid_partition(num_samples: int, num_clients: int, rng: np.random.Generator) 
 
 
 def dirichlet_partition(
-    labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
+    labels: ArrayLike,
+    num_clients: int,
+    *,
+    seed: Seed,
+    min_partition_size: int = 1,
+    alpha: float = 0.5,
 ) -> list[np.ndarray]:
     """Label skew: each class is spread over the clients by a Dirichlet draw.
 
@@ -107,37 +199,46 @@ def dirichlet_partition(
     gives each client few classes; large ``alpha`` tends to IID (Hsu et al., 2019,
     arXiv:1909.06335). Clients left empty are then repaired, one at a time, by moving one
     random sample from whichever client is currently the largest, so sizes and histograms
-    change by at most one sample per empty client.
+    change by at most one sample per empty client. A split whose smallest client is still
+    below ``min_partition_size`` is drawn again from the continued stream.
 
     Args:
         labels: Integer class label per sample, shape ``(N,)``.
         num_clients: Number of clients ``K``.
+        seed: Seed or generator of the draws.
+        min_partition_size: Fewest samples per client (redraws at most ``MAX_DRAWS`` times).
         alpha: Dirichlet concentration, ``> 0``.
-        rng: Source of randomness.
 
     Returns:
-        ``K`` sorted, non-empty ``int64`` index arrays.
+        ``K`` sorted ``int64`` index arrays of at least ``min_partition_size`` samples.
 
     Raises:
-        ValueError: If ``alpha <= 0`` or ``N < K``.
+        ValueError: If ``alpha <= 0``, ``N < K * min_partition_size``, or no draw reaches
+            ``min_partition_size``.
     """
     _check_alpha(alpha)
-    labels = np.asarray(labels).reshape(-1)
+    labels = _labels(labels)
     n = labels.size
-    _check_counts(n, num_clients)
+    _check_counts(n, num_clients, min_partition_size)
+    rng = _rng(seed)
     classes, inverse = np.unique(labels, return_inverse=True)
-    # Samples grouped by class, in random order inside each class.
-    perm = rng.permutation(n)
-    by_class = perm[np.argsort(inverse[perm], kind="stable")]
     class_sizes = np.bincount(inverse, minlength=classes.size)
-    q = _dirichlet(rng, alpha, num_clients, size=classes.size)  # C x K
-    cuts = np.floor(np.cumsum(q, axis=1) * class_sizes[:, None]).astype(np.int64)
-    cuts[:, -1] = class_sizes  # guard against rounding below n_c
-    counts = np.diff(cuts, axis=1, prepend=0)  # C x K, samples of class c on client k
-    assignment = np.empty(n, dtype=np.int64)
-    assignment[by_class] = np.repeat(np.tile(np.arange(num_clients), classes.size), counts.ravel())
-    _repair_empty(assignment, num_clients, rng)
-    return _group(assignment, num_clients)
+
+    def draw(rng: np.random.Generator) -> np.ndarray:
+        # Samples grouped by class, in random order inside each class.
+        perm = rng.permutation(n)
+        by_class = perm[np.argsort(inverse[perm], kind="stable")]
+        q = _dirichlet(rng, alpha, num_clients, size=classes.size)  # C x K
+        cuts = np.floor(np.cumsum(q, axis=1) * class_sizes[:, None]).astype(np.int64)
+        cuts[:, -1] = class_sizes  # guard against rounding below n_c
+        counts = np.diff(cuts, axis=1, prepend=0)  # C x K, samples of class c on client k
+        assignment = np.empty(n, dtype=np.int64)
+        assignment[by_class] = np.repeat(np.tile(np.arange(num_clients), classes.size), counts.ravel())
+        _repair_empty(assignment, num_clients, rng)
+        return assignment
+
+    fix = "raise partition.alpha or lower data.num_clients"
+    return _group(_draw_until_large_enough(draw, rng, num_clients, min_partition_size, fix), num_clients)
 
 
 def _repair_empty(assignment: np.ndarray, num_clients: int, rng: np.random.Generator) -> None:
@@ -159,37 +260,39 @@ def _repair_empty(assignment: np.ndarray, num_clients: int, rng: np.random.Gener
 
 
 def shard_partition(
-    labels: np.ndarray,
+    labels: ArrayLike,
     num_clients: int,
-    shards_per_client: int,
-    rng: np.random.Generator,
+    *,
+    seed: Seed,
+    min_partition_size: int = 1,
+    shards_per_client: int = 2,
 ) -> list[np.ndarray]:
     """Pathological non-IID split of FedAvg (McMahan et al., 2017, arXiv:1602.05629).
 
     The samples are sorted by label, cut into ``num_clients * shards_per_client``
     contiguous shards of (nearly) equal size, and the shards are dealt to clients at
-    random, ``shards_per_client`` each.
+    random, ``shards_per_client`` each (dealt again while a client is below
+    ``min_partition_size``, which only the one-sample-smaller shards can cause).
 
     Args:
         labels: Integer class label per sample, shape ``(N,)``.
         num_clients: Number of clients ``K``.
+        seed: Seed or generator of the deal.
+        min_partition_size: Fewest samples per client.
         shards_per_client: Shards per client, ``>= 1``.
-        rng: Source of randomness.
 
     Returns:
-        ``K`` sorted, non-empty ``int64`` index arrays.
+        ``K`` sorted ``int64`` index arrays of at least ``min_partition_size`` samples.
 
     Raises:
-        ValueError: If ``shards_per_client < 1`` or there are fewer samples than shards.
+        ValueError: If ``shards_per_client < 1``, there are fewer samples than shards, or
+            no deal reaches ``min_partition_size``.
     """
-    if shards_per_client < 1:
-        raise ValueError(
-            f"partition.shards_per_client must be >= 1 (got {shards_per_client}); "
-            "use e.g. partition.shards_per_client=2"
-        )
-    labels = np.asarray(labels).reshape(-1)
+    _check_shards(shards_per_client)
+    shards_per_client = int(shards_per_client)
+    labels = _labels(labels)
     n = labels.size
-    _check_counts(n, num_clients)
+    _check_counts(n, num_clients, min_partition_size)
     num_shards = num_clients * shards_per_client
     if n < num_shards:
         raise ValueError(
@@ -197,75 +300,121 @@ def shard_partition(
             f"needs {num_shards} shards but there are only {n} training samples; "
             "lower partition.shards_per_client."
         )
+    rng = _rng(seed)
     order = np.argsort(labels, kind="stable")
     shard_sizes = np.full(num_shards, n // num_shards)
     shard_sizes[: n % num_shards] += 1
-    owner = rng.permutation(num_shards) // shards_per_client
-    assignment = np.empty(n, dtype=np.int64)
-    assignment[order] = np.repeat(owner, shard_sizes)
-    return _group(assignment, num_clients)
+
+    def draw(rng: np.random.Generator) -> np.ndarray:
+        owner = rng.permutation(num_shards) // shards_per_client
+        assignment = np.empty(n, dtype=np.int64)
+        assignment[order] = np.repeat(owner, shard_sizes)
+        return assignment
+
+    fix = "or data.num_clients"
+    return _group(_draw_until_large_enough(draw, rng, num_clients, min_partition_size, fix), num_clients)
 
 
 def quantity_skew_partition(
-    num_samples: int, num_clients: int, alpha: float, rng: np.random.Generator
+    labels: ArrayLike,
+    num_clients: int,
+    *,
+    seed: Seed,
+    min_partition_size: int = 1,
+    alpha: float = 1.0,
 ) -> list[np.ndarray]:
     """Quantity skew: client sizes follow ``Dir(alpha)``; labels stay IID.
 
-    Each client first gets one sample; the other ``N - K`` are spread by a multinomial
-    draw with Dirichlet proportions. Samples are assigned after a random shuffle.
+    Each client first gets ``min_partition_size`` samples; the other
+    ``N - K * min_partition_size`` are spread by a multinomial draw with Dirichlet
+    proportions. Samples are assigned after a random shuffle.
 
     Args:
-        num_samples: Number of samples ``N``.
+        labels: One entry per sample (only the count ``N`` is used).
         num_clients: Number of clients ``K``.
+        seed: Seed or generator of the draws.
+        min_partition_size: Samples every client gets before the Dirichlet share.
         alpha: Dirichlet concentration, ``> 0`` (small means very unequal sizes).
-        rng: Source of randomness.
 
     Returns:
-        ``K`` sorted, non-empty ``int64`` index arrays.
+        ``K`` sorted ``int64`` index arrays of at least ``min_partition_size`` samples.
 
     Raises:
-        ValueError: If ``alpha <= 0`` or ``N < K``.
+        ValueError: If ``alpha <= 0`` or ``N < K * min_partition_size``.
     """
     _check_alpha(alpha)
-    _check_counts(num_samples, num_clients)
+    num_samples = _labels(labels).size
+    _check_counts(num_samples, num_clients, min_partition_size)
+    rng = _rng(seed)
     q = _dirichlet(rng, alpha, num_clients)
-    sizes = 1 + rng.multinomial(num_samples - num_clients, q)
+    sizes = min_partition_size + rng.multinomial(num_samples - num_clients * min_partition_size, q)
     assignment = np.empty(num_samples, dtype=np.int64)
     assignment[rng.permutation(num_samples)] = np.repeat(np.arange(num_clients), sizes)
     return _group(assignment, num_clients)
 
 
-def natural_partition(groups: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+def natural_partition(
+    labels: ArrayLike,
+    num_clients: int,
+    *,
+    seed: Seed,
+    min_partition_size: int = 1,
+    groups: ArrayLike,
+) -> list[np.ndarray]:
     """Natural partition: the samples of each group (speaking role, writer) stay together.
 
     With ``K`` equal to the number of groups ``G`` each client is one group, in ascending
     group-id order. With ``K < G`` the groups are shuffled and dealt round-robin, so each
-    client holds ``floor(G/K)`` or ``ceil(G/K)`` whole groups.
+    client holds ``floor(G/K)`` or ``ceil(G/K)`` whole groups (dealt again while a client is
+    below ``min_partition_size``).
 
     Args:
-        groups: Integer group id per sample, shape ``(N,)``; every id present is a group.
+        labels: One entry per sample (only the count ``N`` is checked against ``groups``).
         num_clients: Number of clients ``K <= G``.
-        rng: Source of randomness (used only when ``K < G``).
+        seed: Seed or generator of the deal (used only when ``K < G``).
+        min_partition_size: Fewest samples per client.
+        groups: Integer group id per sample, shape ``(N,)``; every id present is a group.
 
     Returns:
         ``K`` sorted, non-empty ``int64`` index arrays.
 
     Raises:
-        ValueError: If ``K`` exceeds the number of groups.
+        ValueError: If ``K`` exceeds the number of groups, ``groups`` and ``labels`` differ
+            in length, or a client stays below ``min_partition_size``.
 
     Example:
-        >>> [p.tolist() for p in natural_partition(np.array([5, 2, 5, 2, 9]), 3, np.random.default_rng(0))]
+        >>> groups = np.array([5, 2, 5, 2, 9])
+        >>> [p.tolist() for p in natural_partition(groups, 3, seed=0, groups=groups)]
         [[1, 3], [0, 2], [4]]
     """
     groups = np.asarray(groups).reshape(-1)
+    n = _labels(labels).size
+    if groups.size != n:
+        raise ValueError(f"natural_partition got {groups.size} group ids for {n} samples.")
     ids, inverse = np.unique(groups, return_inverse=True)
     if num_clients > ids.size or num_clients < 1:
         raise ValueError(
             f"partition=natural gives at most one client per natural group and this data has {ids.size}; "
             f"set data.num_clients={ids.size} (or fewer, to merge whole groups)."
         )
-    owner = np.arange(ids.size) if num_clients == ids.size else rng.permutation(ids.size) % num_clients
-    return _group(owner[inverse].astype(np.int64), num_clients)
+    _check_counts(n, num_clients, min_partition_size)
+    rng = _rng(seed)
+    if num_clients == ids.size:
+        sizes = np.bincount(inverse, minlength=ids.size)
+        if sizes.min() < min_partition_size:
+            raise ValueError(
+                f"{int((sizes < min_partition_size).sum())} natural groups have fewer than "
+                f"partition.min_partition_size={min_partition_size} samples (the smallest has {sizes.min()}); "
+                "lower partition.min_partition_size or data.num_clients to merge groups."
+            )
+        return _group(inverse.astype(np.int64), num_clients)
+
+    def draw(rng: np.random.Generator) -> np.ndarray:
+        owner = rng.permutation(ids.size) % num_clients
+        return owner[inverse].astype(np.int64)
+
+    fix = "or data.num_clients"
+    return _group(_draw_until_large_enough(draw, rng, num_clients, min_partition_size, fix), num_clients)
 
 
 def grouped_holdout(groups: np.ndarray, fraction: float, perm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -323,23 +472,142 @@ def partition_summary(labels: np.ndarray, parts: list[np.ndarray], num_classes: 
     return np.bincount(flat, minlength=k * num_classes).reshape(k, num_classes)
 
 
+def plot_label_distribution(
+    labels: ArrayLike,
+    partition: Sequence[np.ndarray],
+    path: str | os.PathLike[str],
+    *,
+    class_names: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Save a picture of the per-client label histogram of ``partition``.
+
+    Up to 100 clients and 20 classes it draws stacked bars (one bar per client, its height
+    the client's size, one colour per class, the legend outside the axes); otherwise a
+    heatmap of samples per client and class (white where a client has none of a class).
+
+    Args:
+        labels: Class label of every sample the partition indexes, shape ``(N,)``.
+        partition: Per-client index arrays into ``labels``.
+        path: Image file to write (``.png``, ``.pdf``, ...); its folder must exist.
+        class_names: Names of the sorted distinct labels, for the legend or the y axis.
+        title: Figure title; default names the counts of clients, samples and classes.
+
+    Returns:
+        ``path`` as a ``Path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    labels = _labels(labels)
+    classes, inverse = np.unique(labels, return_inverse=True)
+    hist = partition_summary(inverse, list(partition), classes.size)  # K x C
+    k, c = hist.shape
+    names = [str(n) for n in class_names] if class_names is not None else [str(v) for v in classes]
+    if len(names) != c:
+        raise ValueError(f"class_names has {len(names)} names for {c} distinct labels.")
+    title = title or f"Label distribution: {k} clients, {int(hist.sum()):,} samples, {c} classes"
+    stacked = k <= 100 and c <= 20
+    width = min(14.0, max(6.0, 3.0 + 0.11 * k)) if stacked else min(14.0, max(6.0, 3.0 + 0.02 * k))
+    fig, ax = plt.subplots(figsize=(width, 4.2), layout="constrained")
+    try:
+        if stacked:
+            cmap = plt.get_cmap("tab10" if c <= 10 else "tab20")
+            # One collection of K rectangles per class: far faster to draw than K * C bar patches.
+            top = np.cumsum(hist, axis=1)
+            left, right = np.arange(k) - 0.425, np.arange(k) + 0.425
+            for j in range(c):
+                low = top[:, j] - hist[:, j]
+                boxes = np.stack(
+                    [np.c_[left, low], np.c_[right, low], np.c_[right, top[:, j]], np.c_[left, top[:, j]]], axis=1
+                )
+                ax.add_collection(PolyCollection(list(boxes), facecolors=cmap(j), linewidths=0))
+            ax.set_xlim(-0.6, k - 0.4)
+            ax.set_ylim(0, max(1, int(top[:, -1].max())) * 1.03)
+            ax.set_ylabel("samples on the client")
+            handles = [Patch(color=cmap(j), label=names[j]) for j in range(c)]
+            ax.legend(
+                handles=handles,
+                title="label",
+                loc="upper left",
+                bbox_to_anchor=(1.01, 1.0),
+                frameon=False,
+                fontsize="small",
+            )
+        else:
+            shown = np.ma.masked_equal(hist.T, 0)
+            image = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap="viridis", origin="lower")
+            fig.colorbar(image, ax=ax, label="samples")
+            ax.set_ylabel("label")
+            if c <= 40:
+                ax.set_yticks(np.arange(c), names, fontsize="small")
+        ax.set_xlabel("client")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(k, 20)))
+        ax.set_title(title)
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+    return Path(path)
+
+
 @dataclass(frozen=True, kw_only=True)
-class IIDPartition:
-    """Hydra-friendly wrapper of :func:`iid_partition`."""
+class _Partition:
+    """Common fields and call of the Hydra partition wrappers.
+
+    Attributes:
+        seed: Seed of this partition's draws (``partition.seed``); ``None`` (default) uses the
+            seed the caller passes, which a datamodule sets to its own ``seed``.
+        min_partition_size: Fewest samples per client (``partition.min_partition_size``).
+    """
+
+    seed: int | None = None
+    min_partition_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.seed is not None and (isinstance(self.seed, bool) or int(self.seed) != self.seed):
+            raise ValueError(f"partition.seed must be an integer or null (got {self.seed!r}).")
+        _check_min_size(self.min_partition_size)
+
+    def _seed(self, seed: Seed | None) -> Seed:
+        chosen = int(self.seed) if self.seed is not None else seed
+        if chosen is None:
+            raise ValueError(f"{type(self).__name__} needs a seed: pass seed= or set partition.seed.")
+        return chosen
+
+    def _params(self) -> dict[str, Any]:
+        return {}
+
+    def _function(self) -> Callable[..., list[np.ndarray]]:
+        raise NotImplementedError
+
+    def __call__(self, labels: ArrayLike, num_clients: int, *, seed: Seed | None = None) -> list[np.ndarray]:
+        """Partition ``labels`` over ``num_clients`` clients (``self.seed`` wins over ``seed``)."""
+        return self._function()(
+            labels, num_clients, seed=self._seed(seed), min_partition_size=self.min_partition_size, **self._params()
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class IIDPartition(_Partition):
+    """Hydra-friendly wrapper of :func:`iid_partition` (``partition=iid``)."""
 
     @property
     def name(self) -> str:
         """Short name for run folders and logs."""
         return "iid"
 
-    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-        """Partition ``len(labels)`` samples IID over ``num_clients`` clients."""
-        return iid_partition(len(labels), num_clients, rng)
+    def _function(self) -> Callable[..., list[np.ndarray]]:
+        return iid_partition
 
 
 @dataclass(frozen=True, kw_only=True)
-class DirichletPartition:
-    """Hydra-friendly wrapper of :func:`dirichlet_partition`.
+class DirichletPartition(_Partition):
+    """Hydra-friendly wrapper of :func:`dirichlet_partition` (``partition=dirichlet``).
 
     Attributes:
         alpha: Dirichlet concentration (``partition.alpha``), ``> 0``.
@@ -348,6 +616,7 @@ class DirichletPartition:
     alpha: float = 0.5
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_alpha(self.alpha)
 
     @property
@@ -355,14 +624,16 @@ class DirichletPartition:
         """Short name for run folders and logs."""
         return f"dirichlet_alpha{self.alpha:g}"
 
-    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-        """Partition with Dirichlet label skew."""
-        return dirichlet_partition(labels, num_clients, self.alpha, rng)
+    def _function(self) -> Callable[..., list[np.ndarray]]:
+        return dirichlet_partition
+
+    def _params(self) -> dict[str, Any]:
+        return {"alpha": float(self.alpha)}
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardPartition:
-    """Hydra-friendly wrapper of :func:`shard_partition`.
+class ShardPartition(_Partition):
+    """Hydra-friendly wrapper of :func:`shard_partition` (``partition=shards``).
 
     Attributes:
         shards_per_client: Label-sorted shards per client (``partition.shards_per_client``).
@@ -371,30 +642,24 @@ class ShardPartition:
     shards_per_client: int = 2
 
     def __post_init__(self) -> None:
-        if isinstance(self.shards_per_client, bool) or int(self.shards_per_client) != self.shards_per_client:
-            raise ValueError(
-                f"partition.shards_per_client must be an integer (got {self.shards_per_client!r}); "
-                "use e.g. partition.shards_per_client=2"
-            )
-        if self.shards_per_client < 1:
-            raise ValueError(
-                f"partition.shards_per_client must be >= 1 (got {self.shards_per_client}); "
-                "use e.g. partition.shards_per_client=2"
-            )
+        super().__post_init__()
+        _check_shards(self.shards_per_client)
 
     @property
     def name(self) -> str:
         """Short name for run folders and logs."""
         return f"shard{self.shards_per_client}"
 
-    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-        """Partition into label-sorted shards."""
-        return shard_partition(labels, num_clients, int(self.shards_per_client), rng)
+    def _function(self) -> Callable[..., list[np.ndarray]]:
+        return shard_partition
+
+    def _params(self) -> dict[str, Any]:
+        return {"shards_per_client": int(self.shards_per_client)}
 
 
 @dataclass(frozen=True, kw_only=True)
-class QuantitySkewPartition:
-    """Hydra-friendly wrapper of :func:`quantity_skew_partition`.
+class QuantitySkewPartition(_Partition):
+    """Hydra-friendly wrapper of :func:`quantity_skew_partition` (``partition=quantity_skew``).
 
     Attributes:
         alpha: Dirichlet concentration of client sizes (``partition.alpha``), ``> 0``.
@@ -403,6 +668,7 @@ class QuantitySkewPartition:
     alpha: float = 1.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_alpha(self.alpha)
 
     @property
@@ -410,13 +676,15 @@ class QuantitySkewPartition:
         """Short name for run folders and logs."""
         return f"quantity_skew_alpha{self.alpha:g}"
 
-    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-        """Partition with Dirichlet-distributed client sizes and IID labels."""
-        return quantity_skew_partition(len(labels), num_clients, self.alpha, rng)
+    def _function(self) -> Callable[..., list[np.ndarray]]:
+        return quantity_skew_partition
+
+    def _params(self) -> dict[str, Any]:
+        return {"alpha": float(self.alpha)}
 
 
 @dataclass(frozen=True, kw_only=True)
-class NaturalPartition:
+class NaturalPartition(_Partition):
     """``partition=natural``: clients are the data set's own groups (roles, writers).
 
     The datamodule supplies the groups through
@@ -429,13 +697,13 @@ class NaturalPartition:
         """Short name for run folders and logs."""
         return "natural"
 
-    def __call__(
+    def __call__(  # type: ignore[override]
         self,
-        labels: np.ndarray,
+        labels: ArrayLike,
         num_clients: int,
-        rng: np.random.Generator,
         *,
-        groups: np.ndarray | None = None,
+        seed: Seed | None = None,
+        groups: ArrayLike | None = None,
     ) -> list[np.ndarray]:
         """Partition by ``groups`` (one group id per sample), see :func:`natural_partition`."""
         if groups is None:
@@ -443,4 +711,28 @@ class NaturalPartition:
                 "partition=natural needs the natural client of every sample, which only data sets with "
                 "natural clients provide (data=shakespeare, data=femnist); choose another partition."
             )
-        return natural_partition(groups, num_clients, rng)
+        return natural_partition(
+            labels, num_clients, seed=self._seed(seed), min_partition_size=self.min_partition_size, groups=groups
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FilePartition:
+    """``partition=file``: the clients (and hold-out) saved in ``data.partition_file``.
+
+    A marker: the datamodule reads the file written by
+    :meth:`~fedlightning.datamodules.base.FederatedDataModule.save_partition` instead of
+    drawing a split, and refuses ``data.partition_file`` with any other partition.
+    """
+
+    @property
+    def name(self) -> str:
+        """Short name for run folders and logs."""
+        return "file"
+
+    def __call__(self, labels: ArrayLike, num_clients: int, *, seed: Seed | None = None) -> list[np.ndarray]:
+        """Not a draw: a datamodule with ``partition_file`` set reads the saved clients."""
+        raise ValueError(
+            "partition=file reuses the clients saved in data.partition_file; "
+            "set data.partition_file=<run folder>/partition.json."
+        )

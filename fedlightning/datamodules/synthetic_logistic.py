@@ -29,6 +29,7 @@ class SyntheticLogisticDataModule(FederatedDataModule):
 
     name = "synthetic_logistic"
     num_classes = 2
+    data_depends_on_seed = True
 
     def __init__(self, *, num_samples: int = 2000, dim: int = 20, scale: float = 3.0, **kwargs: Any) -> None:
         if num_samples < 2 or dim < 1:

@@ -112,6 +112,11 @@ class SyntheticRegressionDataModule(FederatedDataModule):
                 "data=synthetic_regression defines its clients by generation; use partition=iid and set "
                 "data.heterogeneity for client skew."
             )
+        if kwargs.get("partition_file"):
+            raise ValueError(
+                "data=synthetic_regression generates its clients from data.seed, so there is no saved split to "
+                "reuse; unset data.partition_file."
+            )
         if not 0 < sparsity <= num_features:
             raise ValueError(f"data.sparsity must be in [1, data.num_features] (got {sparsity}).")
         if samples_per_parameter <= 0 or snr <= 0 or heterogeneity < 0 or num_test < 1:
@@ -158,6 +163,11 @@ class SyntheticRegressionDataModule(FederatedDataModule):
         offsets = np.cumsum([0, *sizes])
         self._parts = [np.arange(offsets[c], offsets[c + 1], dtype=np.int64) for c in range(self.num_clients)]
         self._check_partition(len(y))
+        # Generated, not loaded: the data set's own indices are the training rows; validation
+        # comes from the generated test pool, not from the training split.
+        self.train_index = self.train_dataset_index = np.arange(len(y), dtype=np.int64)
+        self.val_dataset_index = np.empty(0, dtype=np.int64)
+        self._num_dataset_samples = len(y)
         self._train = (x, y)
         self.true_support = torch.from_numpy(np.asarray(data["support"], dtype=np.int64))
         self.true_coef = f32(data["coef"])
