@@ -86,7 +86,8 @@ def _selected(command: str, group: str) -> str | None:
     if group in tokens:
         return tokens[group]
     if "+experiment" in tokens:
-        defaults = list(OmegaConf.load(CONFIGS / "experiment" / f"{tokens['+experiment']}.yaml").get("defaults", []))
+        node = OmegaConf.load(CONFIGS / "experiment" / f"{tokens['+experiment']}.yaml")
+        defaults = list(OmegaConf.to_container(node).get("defaults", []))  # type: ignore[union-attr]
         for entry in defaults:
             if not isinstance(entry, str) and f"override /{group}" in entry:
                 return str(entry[f"override /{group}"])

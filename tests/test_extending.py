@@ -15,6 +15,7 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ def test_page_pieces_run_one_round_on_digits_with_exact_bits(project: Path) -> N
         '"trainer.enable_progress_bar=false",'
     )
     assert '"rounds=5",' in snippet
-    namespace = {"MY_CONFIGS": str(project / "my_configs")}
+    namespace: dict[str, Any] = {"MY_CONFIGS": str(project / "my_configs")}
     exec(snippet.replace('"rounds=5",', quiet), namespace)
     summary = namespace["summary"]
     per_upload = sum(64 + 4 * n for n in DIGITS_MLP_TENSORS)
