@@ -10,7 +10,7 @@ atomically (temporary file, then rename) when the header grows.
 from __future__ import annotations
 
 import csv
-import os
+import io
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,8 @@ from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from typing_extensions import override
+
+from fedlightning.run_folder import write_text_atomic
 
 
 class ResumableExperimentWriter(ExperimentWriter):
@@ -54,17 +56,11 @@ class ResumableExperimentWriter(ExperimentWriter):
         path = Path(self.metrics_file_path)
         with path.open(newline="") as handle:
             rows = list(csv.DictReader(handle))
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            with tmp.open("w", newline="") as handle:
-                writer = csv.DictWriter(handle, fieldnames=fieldnames)
-                writer.writeheader()
-                writer.writerows(rows)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text_atomic(path, text.getvalue())
 
 
 class CSVLogger(LightningCSVLogger):
