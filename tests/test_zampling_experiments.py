@@ -1,8 +1,8 @@
 """Smoke tests of the Zampling-family experiment configs, and the slow acceptance runs.
 
-The Federated Zampling m/n = 32 run (20 rounds of real MNIST, about 90 s on 2 cores) is in the
-default suite; the slow tests reproduce the other acceptance numbers (benchmarks/results/zampling.md)
-(``pytest -m slow tests/test_zampling_experiments.py``; up to 6 minutes each on 2 cores).
+The quick experiment configs run in the default suite; the slow tests reproduce the acceptance
+numbers (benchmarks/results/zampling.md) on real MNIST
+(``pytest -m slow tests/test_zampling_experiments.py``; 1.5 to 6 minutes each on 2 cores).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def _federated(make_config, root: Path, tmp_path: Path, compression: int, extra:
     return run(cfg, tmp_path)
 
 
+@pytest.mark.slow  # 20 MNIST rounds (~90 s); in CI the quick experiment above runs one MNIST round of it
 def test_federated_zampling_mnistfc_m_over_n_32(make_config, shared_data_root: Path, tmp_path: Path) -> None:
     s = _federated(make_config, shared_data_root, tmp_path, 32)
     assert s["test/acc"] >= 0.93
@@ -75,7 +76,7 @@ def test_federated_zampling_mnistfc_m_over_n_32(make_config, shared_data_root: P
     assert s["comm/uplink_compression"] == pytest.approx(32 * 266_610 / (266_610 // 32))
 
 
-@pytest.mark.slow  # the m/n = 32 run above keeps Federated Zampling on real MNIST in the default suite
+@pytest.mark.slow
 def test_federated_zampling_mnistfc_m_over_n_8(make_config, shared_data_root: Path, tmp_path: Path) -> None:
     s = _federated(make_config, shared_data_root, tmp_path, 8, ["method.uplink=arithmetic"])
     assert s["test/acc_sampled_mean"] >= 0.955
