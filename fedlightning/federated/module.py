@@ -754,17 +754,16 @@ class FederatedModule(L.LightningModule):
         """
         optimizer = self.optimizers()
         optimizer.zero_grad()  # type: ignore[union-attr]  # gradients set to None: a step without one is a no-op
-        if not apply:
-            pass  # a callback skipped the round (and says why)
-        elif rnd.aggregator.empty:
+        if apply and rnd.aggregator.empty:  # (a round a callback skipped says why itself)
             log.warning("Round %d: no upload reached the server; the server state is unchanged.", rnd.round_idx)
-        elif self.sets_server_state:
+        applied = apply and not rnd.aggregator.empty
+        if applied and self.sets_server_state:
             self.set_server_state(round_idx=rnd.round_idx, aggregator=rnd.aggregator)
-        else:
+        elif applied:
             delta = self.server_delta(round_idx=rnd.round_idx, aggregator=rnd.aggregator)
             set_flat_grad_(self.server_parameters(), -delta)
         optimizer.step()  # type: ignore[union-attr]  # also the round counter (global_step)
-        if apply and not rnd.aggregator.empty:
+        if applied:
             total = torch.stack([p.detach().sum() for p in self.server_parameters()]).sum()
             if not bool(torch.isfinite(total)):
                 raise DivergenceError(
