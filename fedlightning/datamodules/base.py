@@ -39,6 +39,7 @@ from fedlightning.datamodules.partition import (
     partition_summary,
     plot_label_distribution,
 )
+from fedlightning.datamodules.tensor_loader import tensor_loader
 from fedlightning.errors import FedLightningError
 
 __all__ = ["DataUnavailableError", "FederatedDataModule", "default_data_root", "subset_indices"]
@@ -426,15 +427,21 @@ class FederatedDataModule(L.LightningDataModule):
             **self.loader_options(),
         )
 
-    def val_dataloader(self) -> DataLoader:
-        """The held-out validation set (the test set when ``val_fraction`` is 0)."""
-        self._ensure_setup()
-        return self._eval_loader(self._val if self._val is not None else self._test)
+    def val_dataloader(self, *, rank: int = 0, world_size: int = 1) -> DataLoader:
+        """The held-out validation set (the test set when ``val_fraction`` is 0).
 
-    def test_dataloader(self) -> DataLoader:
-        """The test set."""
+        In slices of ``eval_batch_size`` (no per-sample fetching); with ``world_size`` > 1,
+        only process ``rank``'s contiguous, unpadded shard (see
+        :mod:`fedlightning.datamodules.tensor_loader`).
+        """
         self._ensure_setup()
-        return self._eval_loader(self._test)
+        data = self._val if self._val is not None else self._test
+        return self._eval_loader(data, rank=rank, world_size=world_size)
+
+    def test_dataloader(self, *, rank: int = 0, world_size: int = 1) -> DataLoader:
+        """The test set (process ``rank``'s shard of it with ``world_size`` > 1, as :meth:`val_dataloader`)."""
+        self._ensure_setup()
+        return self._eval_loader(self._test, rank=rank, world_size=world_size)
 
     # -- saving and reloading a partition -----------------------------------------------
 
@@ -595,13 +602,14 @@ class FederatedDataModule(L.LightningDataModule):
         assert self._train is not None
         return self._train
 
-    def _eval_loader(self, data: tuple[Tensor, Tensor] | None) -> DataLoader:
+    def _eval_loader(self, data: tuple[Tensor, Tensor] | None, *, rank: int, world_size: int) -> DataLoader:
         assert data is not None
-        return DataLoader(
-            TensorDataset(*data),
+        return tensor_loader(
+            data,
             batch_size=self.eval_batch_size,
-            shuffle=False,
-            collate_fn=_TransformCollate(self) if self._has_batch_hooks() else None,
+            transform=self.transform if self._has_batch_hooks() else None,
+            rank=rank,
+            world_size=world_size,
             **self.loader_options(),
         )
 
@@ -692,17 +700,6 @@ def _check_partition_choice(partition: Partitioner | None, partition_file: str |
             "partition=file reuses the clients saved in data.partition_file, which is not set; "
             "set data.partition_file=<run folder>/partition.json or choose another partition."
         )
-
-
-class _TransformCollate:
-    """Collate a batch of ``(x, y)`` pairs and apply the module's ``transform`` to ``x``."""
-
-    def __init__(self, dm: FederatedDataModule) -> None:
-        self.dm = dm
-
-    def __call__(self, batch: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
-        x, y = default_collate(batch)
-        return [self.dm.transform(x), y]
 
 
 class _AugmentCollate:
