@@ -194,6 +194,7 @@ def _run(
             data_name=data_name,
         )
     module = _build(cfg.method, "method", model=model, datamodule=datamodule, seed=int(cfg.seed))
+    module.vectorised_cohort = cfg.get("vectorised_cohort", "auto")
 
     rounds = int(cfg.rounds)
     eval_every = min(int(cfg.get("eval_every", 1)), rounds)

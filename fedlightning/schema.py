@@ -79,6 +79,10 @@ class TrainSchema:
         default=10, metadata=_spec("checkpoint_every=10", "a checkpoint every k rounds, 0 for last.ckpt only", 0)
     )
     threads: int | None = field(default=1, metadata=_spec("threads=1", "torch threads per process, null to keep", 1))
+    vectorised_cohort: bool | Literal["auto"] = field(
+        default="auto",
+        metadata=_spec("vectorised_cohort=auto", "train the clients at once (auto: on CUDA, where the method allows)"),
+    )
     ckpt_path: str | None = field(default=None, metadata=_spec("ckpt_path=null", "a checkpoint file to resume from"))
     save_partition: bool = field(default=True, metadata=_spec("save_partition=true", "whether to write partition.json"))
     print_config: bool = field(

@@ -23,8 +23,9 @@ from omegaconf import DictConfig
 from fedlightning.run import run
 
 QUIET = ["logger=none", "trainer.enable_progress_bar=false"]
+PROBE = "+callbacks.held_out._target_=tests.held_out_probe.CountHeldOut"
 CASES = {
-    "fedavg": ["rounds=2"],
+    "fedavg": ["rounds=2", PROBE],
     "fedadam_uniform": ["rounds=2", "method=fedadam", "sampler=uniform", "clients_per_round=5"],
     "top_k_error_feedback": ["rounds=2", "compressor=top_k_ef", "sampler=uniform", "clients_per_round=6"],
     "fedavg_ocs": ["rounds=2", "sampler=ocs", "clients_per_round=3"],
@@ -83,6 +84,10 @@ def test_two_processes_reproduce_one_process_bits_and_accuracy(
         assert two[key] == one[key], key
     assert records(tmp_path / "two") == records(tmp_path / "one")  # same cohort, same per-client bits
     assert two["test/acc"] == pytest.approx(one["test/acc"], abs=1e-6)
+    if PROBE in overrides:  # each process evaluated its own half of the test set, none twice
+        seen = [json.loads((tmp_path / "two" / f"held_out_{r}.json").read_text())["samples"] for r in (0, 1)]
+        (total,) = [json.loads((tmp_path / "one" / "held_out_0.json").read_text())["samples"]]
+        assert sum(seen) == total and abs(seen[0] - seen[1]) <= 1, (seen, total)
     a, b = final_state(tmp_path / "one"), final_state(tmp_path / "two")
     assert a.keys() == b.keys()
     for name in a:  # float64 sums: summation order moves the float32 result by at most a few ulps

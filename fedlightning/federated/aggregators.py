@@ -114,7 +114,7 @@ class WeightedMean(Aggregator):
         flat = decoded.reshape(-1)
         if flat.numel() != self.dim:
             raise ValueError(f"An upload of {flat.numel()} entries reached an aggregator of dimension {self.dim}.")
-        self.sums[: self.dim].add_(flat.to(self.sums), alpha=float(weight))
+        self.sums[: self.dim].add_(flat.to(self.sums.device), alpha=float(weight))  # float32 read into float64
         self.sums[self.dim] += float(weight if mass is None else mass)
         self.count += 1
 

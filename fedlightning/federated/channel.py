@@ -200,20 +200,25 @@ class Channel:
         )
 
     # ------------------------------------------------------------------ the wire
-    def encode(self, x: Tensor, *, client_id: int, generator: torch.Generator, state: ClientStateStore) -> Message:
+    def encode(
+        self, x: Tensor, *, client_id: int, generator: torch.Generator | None, state: ClientStateStore
+    ) -> Message:
         """The message that carries ``x`` from ``client_id`` (the sender) in this direction."""
         return self.send(x, client_id=client_id, generator=generator, state=state)[0]
 
     def send(
-        self, x: Tensor, *, client_id: int, generator: torch.Generator, state: ClientStateStore
+        self, x: Tensor, *, client_id: int, generator: torch.Generator | None, state: ClientStateStore
     ) -> tuple[Message, Tensor]:
         """The message that carries ``x`` and the tensor the receiver decodes from it (decoded once).
 
-        ``generator`` is the sender's compression stream; ``state`` holds error-feedback memory.
+        ``generator`` is the sender's compression stream (only an attached operator draws from
+        it; ``None`` is fine without one); ``state`` holds error-feedback memory.
         """
         if self.compressor is None:
             message = self.codec.encode(x)
             return message, message.decode()
+        if generator is None:
+            raise ValueError(f"The {self.direction} operator {self.compressor.name} needs the sender's random stream.")
         op = self.operator(x.numel())
         if not self.error_feedback:
             message = op.compress(x, generator)

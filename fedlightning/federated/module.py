@@ -38,6 +38,9 @@ so ``global_step`` counts rounds (methods that set their state get :class:`Round
 from __future__ import annotations
 
 import copy
+import functools
+import gc
+import inspect
 import itertools
 import logging
 import math
@@ -69,6 +72,7 @@ from fedlightning.federated.params import assign_flat_, flat_parameters, num_par
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER, torch_generator
 from fedlightning.federated.state import ClientStateStore
+from fedlightning.federated.vectorised import plan_steps, sgd_settings, train_stacked
 
 if TYPE_CHECKING:
     from fedlightning.datamodules.base import FederatedDataModule
@@ -127,6 +131,42 @@ class _Round:
     aggregator: Aggregator = field(init=False)
     stats: Tensor = field(init=False)  # see _LOSS ... _METRICS
     quarantined: list[int] = field(default_factory=list)  # this process's quarantined clients
+
+
+def upload_check(loss: Tensor, upload: Tensor) -> tuple[float, float]:
+    """A client's mean loss and the sum of its upload, read in one transfer (one device sync).
+
+    The sum is non-finite whenever any entry is (an ``inf`` or ``nan`` propagates; opposite
+    infinities give ``nan``), so one reduction decides the quarantine.
+
+    >>> upload_check(torch.tensor(0.5), torch.tensor([1.0, 2.0]))
+    (0.5, 3.0)
+    >>> math.isfinite(upload_check(torch.tensor(0.5), torch.tensor([1.0, float("inf"), -float("inf")]))[1])
+    False
+    """
+    pair = torch.stack([loss.detach().reshape(()).float(), upload.detach().sum().float()])
+    first, second = pair.tolist()
+    return float(first), float(second)
+
+
+def resolved_optimizer_factory(factory: OptimizerFactory, model: nn.Module) -> OptimizerFactory | None:
+    """``factory`` as a plain ``functools.partial`` of its optimiser class, for one round's clients.
+
+    A Hydra ``_partial_`` node is a ``functools.partial`` subclass that re-runs Hydra's target
+    checks on every call (milliseconds per client). When it wraps a ``torch.optim.Optimizer``
+    subclass, it is called once here through Hydra on ``model``'s parameters (so the checks run
+    each round on the same target and arguments) and the same class and arguments are then
+    called directly. For any other factory the answer is ``None``: call it as it is.
+    """
+    if not isinstance(factory, functools.partial) or type(factory) is functools.partial:
+        return None
+    target = factory.func
+    if not (isinstance(target, type) and issubclass(target, torch.optim.Optimizer)):
+        return None
+    probe = factory(model.parameters())
+    if type(probe) is not target:
+        return None
+    return functools.partial(target, *factory.args, **factory.keywords)
 
 
 class RoundClock(torch.optim.Optimizer):
@@ -255,6 +295,12 @@ class FederatedModule(L.LightningModule):
         self._start_acc: Tensor | None = None  # first-step losses of the round that measures it
         self._quarantined_total = 0
         self._budget_callbacks: list[FederatedCallback] = []
+        self._round_optimizer: OptimizerFactory | None = None  # client_optimizer, resolved for the round
+        self._froze_gc = False  # on_train_start froze the collector's objects (undone on_train_end)
+        self.vectorised_cohort: bool | Literal["auto"] = "auto"
+        """Train a share's clients at once (:mod:`fedlightning.federated.vectorised`): ``True``,
+        ``False`` or ``"auto"`` (on CUDA devices, for the methods it serves; set by the
+        ``vectorised_cohort`` config key)."""
         self.uplink_channel = Channel(
             direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name
         )
@@ -419,7 +465,8 @@ class FederatedModule(L.LightningModule):
 
     def make_client_optimizer(self, params: ParamsT, *, client_id: int, round_idx: int) -> torch.optim.Optimizer:
         """The optimiser of one client in one round (override for per-client step sizes)."""
-        return self.client_optimizer(params)
+        factory = self._round_optimizer if self._round_optimizer is not None else self.client_optimizer
+        return factory(params)
 
     def on_local_step_end(self, model: nn.Module) -> None:
         """Called after each local optimiser step of the default client (e.g. a projection)."""
@@ -428,7 +475,8 @@ class FederatedModule(L.LightningModule):
         """Local training on one client from the broadcast it decoded; uploads the model delta."""
         model = self.client_model
         assign_flat_(model, received)
-        model.train()
+        if not model.training:
+            model.train()
         done = self.local_train(
             client_id=client_id,
             round_idx=round_idx,
@@ -537,6 +585,7 @@ class FederatedModule(L.LightningModule):
             cb.on_round_start(self.trainer, self, rnd.round_idx)
         base = FederatedCallback.local_step_budget
         self._budget_callbacks = [cb for cb in rnd.callbacks if type(cb).local_step_budget is not base]
+        self._round_optimizer = resolved_optimizer_factory(self.client_optimizer, self.client_model)
         self._select(rnd)
         broadcast_state, broadcast = self._broadcast(rnd)
         may_repeat = any(cb.repeats_rounds for cb in rnd.callbacks)
@@ -552,6 +601,7 @@ class FederatedModule(L.LightningModule):
         if verdict == "apply":
             for cb in rnd.callbacks:
                 cb.on_aggregate(self.trainer, self, rnd.round_idx, rnd.aggregator)
+        self._round_optimizer = None
         self._server_step(rnd, apply=verdict == "apply")
         self._log_round(rnd, time.perf_counter() - started)
 
@@ -567,11 +617,16 @@ class FederatedModule(L.LightningModule):
         measure_start = self._start_loss is None and rnd.round_idx == 0  # the initial model's loss
         self._start_acc = torch.zeros(2, dtype=torch.float64, device=self.device) if measure_start else None
         buffered: list[tuple[int, ClientResult]] = []
-        for client_id in self.share_of(rnd.cohort):
-            received = self._client_downlink(rnd, client_id, broadcast_state, broadcast)
-            result = self.client_update(client_id=client_id, round_idx=rnd.round_idx, received=received)
-            loss = float(result.loss)
-            if not (math.isfinite(loss) and bool(torch.isfinite(result.upload.sum()))):
+        share = self.share_of(rnd.cohort)
+        stacked = self._vectorised_updates(rnd, share, broadcast_state, broadcast) if self._vectorise() else None
+        for client_id in share:
+            if stacked is None:
+                received = self._client_downlink(rnd, client_id, broadcast_state, broadcast)
+                result = self.client_update(client_id=client_id, round_idx=rnd.round_idx, received=received)
+            else:
+                result = stacked[client_id]
+            loss, total = upload_check(result.loss, result.upload)
+            if not (math.isfinite(loss) and math.isfinite(total)):
                 self._quarantine(rnd, client_id, loss)  # never reaches the aggregator
                 continue
             rnd.stats[_LOSS] += loss
@@ -588,6 +643,87 @@ class FederatedModule(L.LightningModule):
         rnd.aggregator.all_reduce(self.reduce_sum)
         rnd.stats = self.reduce_sum(rnd.stats)
         self._check_attempt(rnd)
+
+    # ------------------------------------------------------------------ the vectorised cohort
+    def vectorised_refusal(self) -> str | None:
+        """Why :mod:`fedlightning.federated.vectorised` cannot train this module's clients (``None``: it can)."""
+        cls, base = type(self), FederatedModule
+        if self.per_client_downlink:
+            return "each client receives its own message (per_client_downlink)"
+        hooks = ("client_update", "local_train", "local_loss", "make_client_optimizer", "client_batches")
+        own = [h for h in (*hooks, "on_local_step_end") if getattr(cls, h) is not getattr(base, h)]
+        if own:
+            return f"its local work is its own ({', '.join(own)}), not the engine's local SGD"
+        from fedlightning.datamodules.base import FederatedDataModule
+
+        dm = type(self.datamodule)
+        if isinstance(self.datamodule, FederatedDataModule) and dm.augment is not FederatedDataModule.augment:
+            return f"{dm.__name__} augments each batch randomly"
+        factory = resolved_optimizer_factory(self.client_optimizer, self.client_model) or self.client_optimizer
+        if sgd_settings(factory) is None:
+            return "its client optimiser is not torch.optim.SGD (method.client_optimizer)"
+        if self.attached_trainer is not None:
+            planned = FederatedCallback.local_step_budget
+            callbacks = self.federated_callbacks()
+            budgets = [type(cb).__name__ for cb in callbacks if type(cb).local_step_budget is not planned]
+            if budgets:
+                return f"{', '.join(budgets)} cut(s) clients' local steps"
+        return None
+
+    def _vectorise(self) -> bool:
+        """Whether this round's share is trained by the vectorised cohort."""
+        if self.vectorised_cohort is False:
+            return False
+        if self.vectorised_cohort == "auto" and self.device.type != "cuda":  # the loop is as fast on a CPU
+            return False
+        return self.vectorised_refusal() is None
+
+    def _vectorised_updates(
+        self, rnd: _Round, share: list[int], state: Tensor, broadcast: Message
+    ) -> dict[int, ClientResult]:
+        """Phase *local work* for the whole share at once (the same results as :meth:`client_update`)."""
+        received = rnd.received_broadcast
+        for client_id in share:
+            received = self._client_downlink(rnd, client_id, state, broadcast)
+        if not share:
+            return {}
+        model = self.client_model
+        named = dict(model.named_parameters())
+        pieces = torch.split(received, [p.numel() for p in named.values()])
+        start = {n: piece.reshape(p.shape) for (n, p), piece in zip(named.items(), pieces, strict=True)}
+        xs, ys, offsets, schedules = [], [], [], []
+        total = 0
+        for client_id in share:
+            x, y = self.client_data(client_id)
+            batches = self.client_batches(client_id=client_id, round_idx=rnd.round_idx, num_samples=len(y))
+            xs.append(x)
+            ys.append(y)
+            offsets.append(total)
+            schedules.append(list(batches))
+            total += len(y)
+        x_all = self.datamodule.transform(torch.cat(xs)) if hasattr(self.datamodule, "transform") else torch.cat(xs)
+        factory = self._round_optimizer or self.client_optimizer
+        settings = sgd_settings(factory)
+        assert settings is not None
+        final, first_loss, mean_loss = train_stacked(
+            model=model,
+            start=start,
+            x=x_all,
+            y=torch.cat(ys),
+            plan=plan_steps(schedules, offsets, self.batch_size),
+            settings=settings,
+            task=self.task,
+            max_grad_norm=self.max_grad_norm,
+        )
+        uploads = torch.cat([final[n].reshape(len(share), -1) for n in named], dim=1) - received
+        if self._start_acc is not None:  # the received model's loss on each client's first batch
+            took = torch.tensor([len(b) > 0 for b in schedules], device=first_loss.device)
+            self._start_acc[0] += first_loss[took].sum().to(self._start_acc)
+            self._start_acc[1] += int(took.sum())
+        return {
+            cid: ClientResult(upload=uploads[k], num_samples=len(ys[k]), loss=mean_loss[k])
+            for k, cid in enumerate(share)
+        }
 
     def _quarantine(self, rnd: _Round, client_id: int, loss: float) -> None:
         rnd.stats[_QUARANTINED] += 1
@@ -803,10 +939,12 @@ class FederatedModule(L.LightningModule):
             for cb in rnd.callbacks:
                 cb.on_upload_dropped(trainer, self, rnd.round_idx, client_id)
             return
-        message, decoded = self.uplink_channel.send(
+        channel = self.uplink_channel
+        message, decoded = channel.send(
             result.upload,
             client_id=client_id,
-            generator=self.generator(rnd.round_idx, client_id, "compress"),
+            # (the plain codec draws nothing: no stream to derive)
+            generator=None if channel.compressor is None else self.generator(rnd.round_idx, client_id, "compress"),
             state=self.client_state,
         )
         q = 1.0 if choice_probability is None else choice_probability
@@ -850,10 +988,22 @@ class FederatedModule(L.LightningModule):
         return DataLoader(_Rounds(rounds), batch_size=None)
 
     def val_dataloader(self) -> Any:
-        return self.datamodule.val_dataloader()
+        return self._held_out("val")
 
     def test_dataloader(self) -> Any:
-        return self.datamodule.test_dataloader()
+        return self._held_out("test")
+
+    def _held_out(self, split: Literal["val", "test"]) -> Any:
+        """This process's shard of a held-out set; the metrics' sums are all-reduced in ``compute``.
+
+        Each process evaluates a contiguous, unpadded slice, so the reduced accuracy and loss
+        are those of the whole set. A datamodule whose loaders take no shard arguments is
+        evaluated in full by every process (the same value, computed ``world_size`` times).
+        """
+        loader = getattr(self.datamodule, f"{split}_dataloader")
+        if self.world_size == 1 or "world_size" not in inspect.signature(loader).parameters:
+            return loader()
+        return loader(rank=self.process_rank, world_size=self.world_size)
 
     def on_fit_start(self) -> None:
         sampler = self.client_sampler()
@@ -863,11 +1013,31 @@ class FederatedModule(L.LightningModule):
                 "does not support (its aggregation is not the engine's weighted mean of the uploads); "
                 "use sampler=uniform, sampler=independent or sampler=importance."
             )
+        if self.vectorised_cohort is True:
+            reason = self.vectorised_refusal()
+            if reason is not None:
+                raise ConfigError(
+                    f"vectorised_cohort=true cannot train {type(self).__name__}'s clients: {reason}; "
+                    "set vectorised_cohort=auto or false."
+                )
+        elif self.vectorised_cohort not in (False, "auto"):
+            raise ConfigError(f"vectorised_cohort is auto, true or false (got {self.vectorised_cohort!r}).")
         self.client_model.to(self.device)
         if self.trainer.val_check_interval and self.trainer.check_val_every_n_epoch is not None:
             rank_zero_warn("Set trainer.check_val_every_n_epoch=null so that evaluation counts rounds.")
 
+    def on_train_end(self) -> None:
+        if self._froze_gc:
+            gc.unfreeze()
+            self._froze_gc = False
+
     def on_train_start(self) -> None:
+        # Everything built so far (torch, Lightning, the data, the model) lives until the end:
+        # moved out of the collector's generations, a full collection inside a round only
+        # scans what the rounds themselves allocate.
+        if not self._froze_gc:
+            gc.freeze()
+            self._froze_gc = True
         # A distributed sampler would hand each process a part of the rounds and pad the
         # held-out sets with repeats; the engine shards the cohort itself.
         loader = self.trainer.train_dataloader

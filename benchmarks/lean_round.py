@@ -1,0 +1,150 @@
+"""Per-client overhead of a small-client round (workload S2): the engine against a plain loop.
+
+S2: MNIST ``mnistfc``, 1,000 IID clients × 60 samples (``val_fraction=0``), 100 clients per
+round drawn uniformly, 1 local epoch, batch 10, plain SGD lr 0.05, one torch thread, the
+test set evaluated after every round. Both sides train the same clients on the same batch
+schedules; the plain loop adds the cohort's weighted mean and one test-set pass in batches of
+1,024. The engine's per-client overhead is (engine round − plain round) / 100.
+
+    python benchmarks/lean_round.py --data-root ../shared/data --rounds 6 --repeats 3
+    python benchmarks/lean_round.py --data-root ../shared/data --rounds 4 --profile s2.prof
+
+Runs alternate plain, engine, plain, engine, ... so machine load hits both alike; the first
+round of each engine run (start-up, first-touch allocations) is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import itertools
+import statistics
+import time
+
+import lightning as L
+import torch
+
+from fedlightning.datamodules import IIDPartition, MNISTDataModule
+from fedlightning.federated.batches import local_batches
+from fedlightning.federated.params import assign_flat_, flat_parameters
+from fedlightning.federated.rng import torch_generator
+from fedlightning.methods import FedAvg
+from fedlightning.models import build_model
+from fedlightning.sampling import UniformSampler
+
+CLIENTS, COHORT, BATCH, LR = 1000, 100, 10, 0.05
+
+
+def datamodule(root: str) -> MNISTDataModule:
+    dm = MNISTDataModule(root=root, num_clients=CLIENTS, partition=IIDPartition(), val_fraction=0.0)
+    dm.setup("fit")
+    return dm
+
+
+def plain_round(model: torch.nn.Module, client: torch.nn.Module, dm: MNISTDataModule, round_idx: int) -> None:
+    """One S2 round written directly in PyTorch: 100 clients, weighted mean, test pass."""
+    w = flat_parameters(model)
+    total = torch.zeros_like(w, dtype=torch.float64)
+    n = 0
+    cohort = torch.randperm(CLIENTS, generator=torch.Generator().manual_seed(round_idx))[:COHORT].tolist()
+    for cid in cohort:
+        assign_flat_(client, w)
+        opt = torch.optim.SGD(client.parameters(), lr=LR)
+        x, y = dm.client_tensors(cid)
+        gen = torch_generator(seed=0, round_idx=round_idx, client_id=cid, purpose="batches")
+        for idx in local_batches(num_samples=len(y), batch_size=BATCH, epochs=1, steps=None, generator=gen):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(client(x[idx]), y[idx]).backward()
+            opt.step()
+        total.add_(flat_parameters(client) - w, alpha=len(y))
+        n += len(y)
+    assign_flat_(model, w + (total / n).float())
+    x_test, y_test = dm._test  # the plain loop's test pass over the same tensors
+    correct = 0
+    with torch.no_grad():
+        for start in range(0, len(y_test), 1024):
+            correct += int((model(x_test[start : start + 1024]).argmax(1) == y_test[start : start + 1024]).sum())
+
+
+def plain_times(dm: MNISTDataModule, rounds: int) -> list[float]:
+    model = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+    client = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+    times = []
+    for r in range(rounds + 1):
+        start = time.perf_counter()
+        plain_round(model, client, dm, r)
+        times.append(time.perf_counter() - start)
+    return times[1:]
+
+
+class _Timer(L.Callback):
+    """Wall time from one round's start to the next round's start (so evaluation is included)."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, *args: object) -> None:
+        self.starts.append(time.perf_counter())
+
+    def on_train_end(self, *args: object) -> None:
+        self.starts.append(time.perf_counter())
+
+    def round_times(self) -> list[float]:
+        return [b - a for a, b in itertools.pairwise(self.starts)]
+
+
+def engine_times(dm: MNISTDataModule, rounds: int, profile: str | None = None) -> list[float]:
+    module = FedAvg(
+        model=build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10),
+        datamodule=dm,
+        batch_size=BATCH,
+        client_optimizer=lambda p: torch.optim.SGD(p, lr=LR),
+    )
+    timer = _Timer()
+    trainer = L.Trainer(
+        max_steps=rounds + 1,
+        val_check_interval=1,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[UniformSampler(clients_per_round=COHORT), timer],
+    )
+    if profile:
+        profiler = cProfile.Profile()
+        profiler.runcall(trainer.fit, module)
+        profiler.dump_stats(profile)
+    else:
+        trainer.fit(module)
+    return timer.round_times()[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", required=True)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", default=None, help="write a cProfile of one engine run here and stop")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dm = datamodule(args.data_root)
+    if args.profile:
+        times = engine_times(dm, args.rounds, args.profile)
+        print(f"engine median round {statistics.median(times):.4f} s; profile written to {args.profile}")
+        return
+    plain: list[float] = []
+    ours: list[float] = []
+    for _ in range(args.repeats):
+        plain += plain_times(dm, args.rounds)
+        ours += engine_times(dm, args.rounds)
+    p, e = statistics.median(plain), statistics.median(ours)
+    print(f"plain loop round:  median {p:.4f} s over {len(plain)} rounds")
+    print(f"engine round:      median {e:.4f} s over {len(ours)} rounds")
+    print(f"ratio engine / plain: {e / p:.3f}")
+    print(f"per-client overhead: {(e - p) / COHORT * 1e3:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
