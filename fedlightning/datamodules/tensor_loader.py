@@ -95,7 +95,7 @@ def tensor_loader(
     start, stop = shard_bounds(len(dataset), rank=rank, world_size=world_size)
     return DataLoader(
         dataset,
-        batch_sampler=SliceBatches(start=start, stop=stop, batch_size=batch_size),
+        batch_sampler=SliceBatches(start=start, stop=stop, batch_size=batch_size),  # type: ignore[arg-type]  # slices
         collate_fn=_Batch(transform),
         **options,
     )

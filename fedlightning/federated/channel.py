@@ -260,11 +260,13 @@ class DownlinkChannel(Channel):
         return Payload.MODEL_DELTA if self.payload is Payload.MODEL else self.payload
 
     def send(
-        self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator, state: ClientStateStore
+        self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator | None, state: ClientStateStore
     ) -> tuple[Message, Tensor]:
         if self.compressor is None:
             message = self.codec.encode(x)
             return message, message.decode()
+        if generator is None:
+            raise ValueError(f"The downlink operator {self.compressor.name} needs the server's random stream.")
         op = self.operator(x.numel())
         replica = state.get(SERVER, REPLICA_KEY)
         if replica is None or replica.numel() != x.numel():

@@ -160,13 +160,14 @@ def resolved_optimizer_factory(factory: OptimizerFactory, model: nn.Module) -> O
     """
     if not isinstance(factory, functools.partial) or type(factory) is functools.partial:
         return None
-    target = factory.func
+    target: Any = factory.func
     if not (isinstance(target, type) and issubclass(target, torch.optim.Optimizer)):
         return None
     probe = factory(model.parameters())
     if type(probe) is not target:
         return None
-    return functools.partial(target, *factory.args, **factory.keywords)
+    optimizer_class: type[torch.optim.Optimizer] = target
+    return functools.partial(optimizer_class, *factory.args, **factory.keywords)
 
 
 class RoundClock(torch.optim.Optimizer):

@@ -66,10 +66,13 @@ def sgd_settings(factory: Callable[..., torch.optim.Optimizer]) -> SGDSettings |
     names = {"lr", "momentum", "dampening", "nesterov", "weight_decay"}
     if "lr" not in kwargs or not set(kwargs) <= names:
         return None
-    lr = kwargs.pop("lr")
-    if isinstance(lr, Tensor):
-        lr = float(lr)
-    return SGDSettings(lr=float(lr), **{k: (bool(v) if k == "nesterov" else float(v)) for k, v in kwargs.items()})
+    return SGDSettings(
+        lr=float(kwargs["lr"]),
+        momentum=float(kwargs.get("momentum", 0.0)),
+        dampening=float(kwargs.get("dampening", 0.0)),
+        nesterov=bool(kwargs.get("nesterov", False)),
+        weight_decay=float(kwargs.get("weight_decay", 0.0)),
+    )
 
 
 @dataclass(frozen=True)
