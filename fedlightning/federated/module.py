@@ -163,7 +163,10 @@ def resolved_optimizer_factory(factory: OptimizerFactory, model: nn.Module) -> O
     target: Any = factory.func
     if not (isinstance(target, type) and issubclass(target, torch.optim.Optimizer)):
         return None
-    probe = factory(model.parameters())
+    try:
+        probe = factory(model.parameters())
+    except Exception:  # e.g. a factory for other parameters: called as it is, it reports itself
+        return None
     if type(probe) is not target:
         return None
     optimizer_class: type[torch.optim.Optimizer] = target
