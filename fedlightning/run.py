@@ -247,7 +247,8 @@ def _run(
         num_sanity_val_steps=0,
         log_every_n_steps=1,
         # With several processes the round loader must tick every round on each of them, and
-        # each evaluates the full held-out sets (a distributed sampler would pad them).
+        # each evaluates its own unpadded shard of the held-out sets (a distributed sampler
+        # would pad them with repeats).
         use_distributed_sampler=False,
         logger=loggers or False,
         callbacks=callbacks,

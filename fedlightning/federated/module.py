@@ -1043,7 +1043,7 @@ class FederatedModule(L.LightningModule):
             gc.freeze()
             self._froze_gc = True
         # A distributed sampler would hand each process a part of the rounds and pad the
-        # held-out sets with repeats; the engine shards the cohort itself.
+        # held-out sets with repeats; the engine shards the cohort and the held-out sets itself.
         loader = self.trainer.train_dataloader
         if self.world_size > 1 and isinstance(getattr(loader, "sampler", None), DistributedSampler):
             raise ConfigError(
