@@ -147,3 +147,15 @@ def test_config_refuses_a_forced_vectorised_cohort_before_training(make_config: 
         run(make_config(["rounds=1", "method=fedshuffle", "vectorised_cohort=true"]), tmp_path / "run")
     with pytest.raises(ConfigError, match=r"vectorised_cohort .* must be"):
         run(make_config(["rounds=1", "vectorised_cohort=sometimes"]), tmp_path / "typo")
+
+
+def test_forcing_the_vectorised_cohort_with_stragglers_is_refused() -> None:
+    from fedlightning.federated.failures import ClientFailures
+
+    dm = DigitsDataModule(num_clients=3, seed=0)
+    module = FedAvg(model=_gn_model(), datamodule=dm, client_optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+    module.vectorised_cohort = True
+    with pytest.raises(
+        ConfigError, match=r"cannot train FedAvg's clients: ClientFailures cut\(s\) clients' local steps"
+    ):
+        round_trainer(1, [ClientFailures(straggler_probability=0.5)]).fit(module)
