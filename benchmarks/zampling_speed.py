@@ -25,9 +25,18 @@ runs one round of every method in turn, each continuing from its own state (a fr
 per round, so every round is round index 0 for the random streams; p keeps polarising from
 one repetition to the next).
 
+Part 4 (``--s5 R``), the performance suite's S5 against S1 (R interleaved repetitions): S1 is
+FedAvg on mnistfc, 10 IID MNIST clients, 1 local epoch, batch 32, SGD lr 0.05, with a
+validation pass every round; S5 is Federated Zampling, m/n = 32, d = 10, at the same batch
+size, whose validation pass also scores ``val_samples`` (20) sampled networks, one by one
+(``eval_networks_per_forward=1``) or batched (10 per forward, the default). Each repetition
+times, for every candidate in turn, one round (training) and one validation pass; a round of
+S5 is training + its validation.
+
 All timings interleave the candidates within every repetition and report medians:
 
     python benchmarks/zampling_speed.py --data-root ../shared/data --kernels --repeats 21 --rounds 12
+    python benchmarks/zampling_speed.py --data-root ../shared/data --repeats 0 --rounds 0 --s5 5
 
 Timings on a shared machine are noisy: compare the ratios printed at the end.
 """
@@ -267,18 +276,66 @@ def round_benchmark(data_root: str, rounds: int) -> dict[str, list[float]]:
     return out
 
 
+def _one_validation(module: L.LightningModule) -> float:
+    """Seconds of one validation pass of ``module`` (its expected network, and for the Zampling
+    family the sampled networks of :class:`~fedlightning.callbacks.zampling_evaluation.ZamplingEvaluation`)."""
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    start = time.perf_counter()
+    trainer.validate(module, verbose=False)
+    return time.perf_counter() - start
+
+
+def s5_benchmark(data_root: str, repetitions: int) -> dict[str, list[float]]:
+    """S1 (FedAvg, batch 32) vs S5 (Federated Zampling m/n = 32, d = 10, batch 32): seconds of
+    one round and of one validation pass each, interleaved."""
+    dm = MNISTDataModule(root=data_root, num_clients=10, partition=IIDPartition())
+    dm.setup("fit")
+
+    def mnistfc() -> torch.nn.Module:
+        return build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+
+    def sgd(params: Any) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=0.05)
+
+    modules: dict[str, L.LightningModule] = {
+        "S1": FedAvg(model=mnistfc(), datamodule=dm, client_optimizer=sgd, batch_size=32),
+        "S5": Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=32),
+    }
+    s5 = modules["S5"]
+    assert isinstance(s5, Zampling)
+    one_by_one = s5.evaluation.networks_per_forward
+    out: dict[str, list[float]] = {
+        key: [] for key in ("S1_train", "S1_val", "S5_train", "S5_val_one_by_one", "S5_val_batched")
+    }
+    for _ in range(repetitions):
+        out["S1_train"].append(_one_round(modules["S1"]))
+        out["S1_val"].append(_one_validation(modules["S1"]))
+        out["S5_train"].append(_one_round(s5))
+        for label, per_forward in (("S5_val_one_by_one", 1), ("S5_val_batched", one_by_one)):
+            s5.evaluation.networks_per_forward = per_forward
+            out[label].append(_one_validation(s5))
+        s5.evaluation.networks_per_forward = one_by_one
+    out["S5_frozen_fraction_after"] = [frozen_fraction(s5.p.detach())]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True)
     parser.add_argument("--rounds", type=int, default=7, help="interleaved round repetitions (0: skip)")
     parser.add_argument("--repeats", type=int, default=21, help="interleaved step repetitions")
     parser.add_argument("--kernels", action="store_true", help="also time the Q·z / Qᵀ·g kernels alone")
+    parser.add_argument("--s5", type=int, default=0, help="interleaved S5-vs-S1 repetitions (0: skip)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.s5 > 0:
+        s5_report(s5_benchmark(args.data_root, args.s5))
     if args.kernels:
         print("kernels, m/n = 32, d = 10, median ms:")
         for name, ms in kernel_benchmark(args.repeats).items():
             print(f"  {name:48s} {ms:7.2f}")
+    if args.repeats < 1:
+        return
     steps = step_benchmark(args.repeats)
     plain = steps["plain_ms"]
     print(f"plain mnistfc step, batch 128: {plain:.2f} ms  ({args.repeats} interleaved repetitions, medians)")
@@ -306,6 +363,22 @@ def main() -> None:
             f"  to fedavg_b128 {med / b128:.2f}x  all {[round(t, 2) for t in times]}"
         )
     print(f"  zampling frozen fraction after the last round: {rounds['zampling_frozen_fraction_after'][0]:.3f}")
+
+
+def s5_report(times: dict[str, list[float]]) -> None:
+    """Print the S5-vs-S1 medians and ratios (a round = training + one validation pass)."""
+    med = {key: statistics.median(values) for key, values in times.items()}
+    for key, values in times.items():
+        print(f"  {key:24s} median {med[key]:7.3f} s  all {[round(t, 3) for t in values]}")
+    s1 = med["S1_train"] + med["S1_val"]
+    s1_rounds = [t + v for t, v in zip(times["S1_train"], times["S1_val"], strict=True)]
+    for label in ("S5_val_one_by_one", "S5_val_batched"):
+        s5_rounds = [t + v for t, v in zip(times["S5_train"], times[label], strict=True)]
+        per_rep = [round(a / b, 2) for a, b in zip(s5_rounds, s1_rounds, strict=True)]
+        total = med["S5_train"] + med[label]
+        print(f"  S5 round with {label[7:]:11s} evaluation: {total:7.3f} s = {total / s1:.2f}x S1 ({s1:.3f} s)")
+        print(f"    per repetition (S5 / S1 of the same repetition): {per_rep}")
+    print(f"  validation speed-up, batched vs one by one: {med['S5_val_one_by_one'] / med['S5_val_batched']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from fedlightning.federated.message import Message
 from fedlightning.federated.payloads import Payload
 from fedlightning.methods.zampling import (
     OPTIMIZER_KEY,
+    RANGE_METRIC,
     ClippedScore,
     SampledNetwork,
     SigmoidScore,
@@ -30,6 +31,7 @@ from fedlightning.methods.zampling import (
     hypercube_indicator,
     mean_of_bits,
     perturb_in_hypercube,
+    perturbation_draw,
     perturbation_support,
     probability_from_score,
     relative_sensitivity,
@@ -513,6 +515,16 @@ def test_perturbation_moves_only_the_support_and_stays_in_the_unit_cube() -> Non
     assert torch.equal(again, perturbed)  # seeded
 
 
+def test_perturbation_draw_is_the_hypercube_perturbation_plus_its_full_draw() -> None:
+    p = torch.rand(1000, generator=torch.Generator().manual_seed(0))
+    a, eps_a = perturb_in_hypercube(p, 0.2, torch.Generator().manual_seed(4))
+    b, eps_b, draw = perturbation_draw(p, 0.2, torch.Generator().manual_seed(4))
+    assert torch.equal(a, b) and torch.equal(eps_a, eps_b)  # the same stream, the same perturbation
+    support = perturbation_support(p, 0.2, "hypercube")
+    assert torch.equal(eps_b[support], draw[support]) and bool((eps_b[~support] == 0).all())
+    assert float(draw.norm()) == pytest.approx(1000**0.5, rel=0.1)  # E||N(0, I_n)||^2 = n
+
+
 def test_sensitivity_and_deviation_by_hand() -> None:
     assert relative_sensitivity(0.8, 0.8) == 0.0
     assert relative_sensitivity(0.5, 0.25) == 0.5
@@ -545,6 +557,12 @@ def test_sensitivity_study_logs_a_row_per_tau(make_config, tmp_path: Path) -> No
     assert s["test/sensitivity/0.5/perturbed_fraction"] == 0.0
     assert s["test/sensitivity/0.5/acc_expected"] == pytest.approx(s["test/acc"])
     assert s["test/sensitivity/0.5/sensitivity_expected"] == 0.0
+    # tau = 0 perturbs every coordinate, so eps_tau is the whole draw and both deviations agree
+    assert s["test/sensitivity/0/eps_full_norm"] == pytest.approx(s["test/sensitivity/0/eps_norm"])
+    assert s["test/sensitivity/0/deviation_full_expected"] == pytest.approx(s["test/sensitivity/0/deviation_expected"])
+    # tau = 0.5: nothing moves, but the full draw still has a norm near sqrt(n)
+    assert s["test/sensitivity/0.5/eps_norm"] == 0.0
+    assert s["test/sensitivity/0.5/eps_full_norm"] > 0
 
 
 @pytest.mark.parametrize("backend", ["compiled", "torch"])
@@ -641,3 +659,77 @@ def test_resume_continues_the_same_run(make_config, tmp_path: Path) -> None:
         assert resumed[key] == straight[key], key
     n = 4810 // 8
     assert straight["comm/downlink_bits_total"] == 10 * (32 * n + 2 * (32 + 4 * n))  # rounds 1-2 on the lattice
+
+
+# ---------------------------------------------------------------------------------- batched evaluation
+@pytest.mark.parametrize("backend", ["compiled", "torch"])
+@pytest.mark.parametrize("n", [510, 70_000])  # uint16 and uint32 column indices in the slabs
+def test_matmat_rows_equal_matvec_of_each_mask(backend: str, n: int) -> None:
+    q = zampling_q(torch.full((3000,), 50.0), n=n, d=7, seed=9)
+    masks = torch.bernoulli(torch.full((5, n), 0.5), generator=torch.Generator().manual_seed(1))
+    batched = q.matmat(masks, backend=backend)
+    assert batched.shape == (5, 3000)
+    for b in range(5):
+        exact = (q.vals.double() * masks[b].double()[q.cols]).sum(1)  # row by row, in float64
+        assert torch.allclose(batched[b].double(), exact, atol=1e-6)
+        assert torch.allclose(batched[b], q.matvec(masks[b], backend=backend), atol=1e-6)
+    with pytest.raises(ValueError, match=r"must be \(B, 3\)"):
+        _tiny_q().matmat(torch.ones(3), backend=backend)
+
+
+def test_forward_many_equals_forward_of_each_network() -> None:
+    net = ZampledNetwork(MLP(in_features=4, hidden=[3], num_classes=2))
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(6, net.m, generator=gen)
+    x = torch.randn(5, 4, generator=gen)
+    out = net.forward_many(x, w)
+    assert out.shape == (6, 5, 2)
+    for b in range(6):
+        assert torch.allclose(out[b], net.forward(x, w[b]), atol=1e-6)
+    with pytest.raises(ValueError, match="shape"):
+        net.forward_many(x, w[0])
+
+
+def test_batched_sampled_accuracies_equal_one_by_one_on_the_same_masks() -> None:
+    dm = digits_federation(2)
+    module = _zampling(dm)
+    batches = [(x, y) for x, y in dm.val_dataloader()]
+    p = torch.rand(module.n, generator=torch.Generator().manual_seed(2))
+    results = {}
+    for per_forward in (1, 3, 7, 10):  # 7 masks: one chunk, a partial last chunk, one by one
+        evaluation = ZamplingEvaluation(networks_per_forward=per_forward)
+        evaluation._batches = batches
+        gen = torch.Generator().manual_seed(5)
+        results[per_forward] = evaluation.sampled_accuracies(module, p, 7, gen)
+    assert len(set(results[1].tolist())) > 1  # distinct masks, distinct scores
+    for per_forward in (3, 7, 10):
+        assert torch.equal(results[per_forward], results[1])
+    with pytest.raises(ConfigError, match="eval_networks_per_forward"):
+        _zampling(dm, eval_networks_per_forward=0)
+
+
+def test_bitpacked_run_reports_the_range_coded_size_of_its_masks() -> None:
+    class Bits(FederatedCallback):
+        def __init__(self) -> None:
+            self.bits: list[int] = []
+            self.range: list[float] = []
+
+        def on_client_upload(self, trainer: Any, module: Any, round_idx: int, client_id: int, message: Message) -> None:
+            self.bits.append(message.num_bits)
+
+        def on_round_end(self, trainer: Any, module: Any, round_idx: int, metrics: dict[str, Any]) -> None:
+            self.range.append(metrics[RANGE_METRIC])
+
+    dm = digits_federation(3)
+    seen = {}
+    for uplink in ("arithmetic", "bitpack"):
+        module, bits = _zampling(dm, uplink=uplink), Bits()
+        _fit(module, 2, FullParticipation(), bits)
+        seen[uplink] = (module, bits)
+    coded_module, coded = seen["arithmetic"]
+    _, packed = seen["bitpack"]
+    n = coded_module.n
+    assert packed.bits == [n] * 6  # bit-packed: n bits per upload
+    for r in range(2):  # the metric is the range coder's size of the same masks
+        assert packed.range[r] == pytest.approx(sum(coded.bits[3 * r : 3 * r + 3]) / (3 * n), rel=1e-6)
+    assert packed.range == coded.range

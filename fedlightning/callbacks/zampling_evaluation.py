@@ -17,6 +17,10 @@ that are actually sampled, on the same evaluation batches:
   :meth:`ZamplingEvaluation.sensitivity_metrics`.
 
 p is the module's :meth:`~fedlightning.methods.zampling.Zampling.effective_p` of its state.
+Sampled networks are scored ``networks_per_forward`` at a time: their masks are multiplied by Q
+in one pass (:meth:`~fedlightning.models.zampling.SparseQ.matmat`) and run through one batched
+forward (:meth:`~fedlightning.models.zampling.ZampledNetwork.forward_many`); with 1 they are
+scored one by one. The masks and their order are the same either way.
 Masks come from the streams (seed, round, server, ``"zampling_eval_masks"`` /
 ``"zampling_sensitivity"``), so a run's metrics do not depend on when or how often it is
 evaluated. Only classification tasks are scored.
@@ -38,7 +42,7 @@ from fedlightning.federated.rng import SERVER
 from fedlightning.methods.zampling import (
     accuracy_deviation,
     bernoulli_draw,
-    perturb_in_hypercube,
+    perturbation_draw,
     perturbation_support,
     relative_sensitivity,
 )
@@ -63,6 +67,7 @@ class ZamplingEvaluation(L.Callback):
         sensitivity_samples: sampled networks per perturbed p.
         sensitivity_region: the perturbed coordinates
             (:func:`~fedlightning.methods.zampling.perturbation_support`).
+        networks_per_forward: sampled networks scored per batched forward (1: one by one).
     """
 
     def __init__(
@@ -74,7 +79,11 @@ class ZamplingEvaluation(L.Callback):
         sensitivity_perturbations: int = 10,
         sensitivity_samples: int = 10,
         sensitivity_region: Region = "hypercube",
+        networks_per_forward: int = 10,
     ) -> None:
+        if networks_per_forward < 1:
+            raise ValueError(f"networks_per_forward must be at least 1 (got {networks_per_forward}).")
+        self.networks_per_forward = int(networks_per_forward)
         self.val_samples = int(val_samples)
         self.test_samples = int(test_samples)
         self.sensitivity_taus = tuple(float(t) for t in sensitivity_taus)
@@ -126,9 +135,7 @@ class ZamplingEvaluation(L.Callback):
     @torch.no_grad()
     def accuracy(self, module: Zampling, w: Tensor) -> float:
         """Accuracy of the network with weights ``w`` on the batches of the current pass."""
-        network = self._network
-        if network is None or network.model is not module.model:
-            network = self._network = ZampledNetwork(module.model)
+        network = self._zampled(module)
         correct, total = 0, 0
         for x, y in self._batches:
             out = network.forward(x, w)
@@ -136,10 +143,38 @@ class ZamplingEvaluation(L.Callback):
             total += len(y)
         return correct / max(total, 1)
 
+    def _zampled(self, module: Zampling) -> ZampledNetwork:
+        network = self._network
+        if network is None or network.model is not module.model:
+            network = self._network = ZampledNetwork(module.model)
+        return network
+
+    @torch.no_grad()
+    def accuracies(self, module: Zampling, w: Tensor) -> Tensor:
+        """Accuracy of each of the B networks with weights ``w`` (B, m) on the current pass (float64)."""
+        network = self._zampled(module)
+        correct = torch.zeros(w.shape[0], dtype=torch.int64)
+        total = 0
+        for x, y in self._batches:
+            out = network.forward_many(x, w)
+            correct += (out.argmax(dim=-1) == y).sum(dim=-1).cpu()
+            total += len(y)
+        return correct.to(torch.float64) / max(total, 1)
+
     def sampled_accuracies(self, module: Zampling, p: Tensor, num_samples: int, gen: torch.Generator) -> Tensor:
-        """Accuracy of ``num_samples`` networks w = Q·z, z ~ Bernoulli(p) drawn from ``gen`` (float64)."""
-        accs = [self.accuracy(module, module.weights_of(bernoulli_draw(p, gen))) for _ in range(num_samples)]
-        return torch.tensor(accs, dtype=torch.float64)
+        """Accuracy of ``num_samples`` networks w = Q·z, z ~ Bernoulli(p) drawn from ``gen`` (float64).
+
+        The masks are drawn in order from ``gen`` and scored ``networks_per_forward`` at a time.
+        """
+        if self.networks_per_forward == 1:
+            accs = [self.accuracy(module, module.weights_of(bernoulli_draw(p, gen))) for _ in range(num_samples)]
+            return torch.tensor(accs, dtype=torch.float64)
+        chunks = []
+        for start in range(0, num_samples, self.networks_per_forward):
+            size = min(self.networks_per_forward, num_samples - start)
+            masks = torch.stack([bernoulli_draw(p, gen) for _ in range(size)])
+            chunks.append(self.accuracies(module, module.weights_of_many(masks)))
+        return torch.cat(chunks)
 
     @torch.no_grad()
     def sampled_metrics(self, module: Zampling, split: Literal["val", "test"]) -> dict[str, float]:
@@ -176,7 +211,9 @@ class ZamplingEvaluation(L.Callback):
         References are the unperturbed expected network Q·p and the mean of
         ``sensitivity_samples`` sampled networks; each of ``sensitivity_perturbations``
         perturbed vectors p̃ = clip(p + ε_τ, 0, 1) is scored the same way. Sensitivity is the
-        relative accuracy drop, deviation the drop in percentage points per unit ‖ε_τ‖₂; all
+        relative accuracy drop, deviation the drop in percentage points per unit ‖ε_τ‖₂
+        (``deviation_full_*``: per unit ‖ε‖₂ of the whole N(0, I_n) draw, the reading the
+        paper's table is consistent with, see :func:`~fedlightning.methods.zampling.perturbation_draw`); all
         are averaged over the perturbations (``_std``: their standard deviation).
         """
         gen = module.generator(module.global_step, SERVER, "zampling_sensitivity")
@@ -194,13 +231,15 @@ class ZamplingEvaluation(L.Callback):
         for tau in self.sensitivity_taus:
             rows: dict[str, list[float]] = {}
             for _ in range(self.sensitivity_perturbations):
-                perturbed, eps = perturb_in_hypercube(p, tau, gen, self.sensitivity_region)
-                norm = float(eps.norm())
+                perturbed, eps, draw = perturbation_draw(p, tau, gen, self.sensitivity_region)
+                norm, full_norm = float(eps.norm()), float(draw.norm())
                 for kind, ref, acc in zip(("expected", "sampled"), reference, scores(perturbed), strict=True):
                     rows.setdefault(f"acc_{kind}", []).append(acc)
                     rows.setdefault(f"sensitivity_{kind}", []).append(relative_sensitivity(ref, acc))
                     rows.setdefault(f"deviation_{kind}", []).append(accuracy_deviation(ref, acc, norm))
+                    rows.setdefault(f"deviation_full_{kind}", []).append(accuracy_deviation(ref, acc, full_norm))
                 rows.setdefault("eps_norm", []).append(norm)
+                rows.setdefault("eps_full_norm", []).append(full_norm)
             support = perturbation_support(p, tau, self.sensitivity_region)
             out[f"test/sensitivity/{tau:g}/perturbed_fraction"] = float(support.float().mean())
             for key, values in rows.items():

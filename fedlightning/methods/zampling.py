@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPTIMIZER_KEY",
+    "RANGE_METRIC",
     "SCORE_ESTIMATORS",
     "XENT_METRIC",
     "ClippedScore",
@@ -85,6 +86,7 @@ __all__ = [
     "hypercube_indicator",
     "mean_of_bits",
     "perturb_in_hypercube",
+    "perturbation_draw",
     "perturbation_support",
     "probability_from_score",
     "relative_sensitivity",
@@ -97,6 +99,9 @@ Estimator = Literal["zampling", "zhou", "fedpm"]
 OptimizerFactory = Callable[[Iterable[Tensor]], torch.optim.Optimizer]
 XENT_METRIC = "comm/uplink_xent_bits_per_param"
 """Per-round mean over uploads of Σ_j −log2 P(z_j | p_j) / n: the ideal coded size of a mask."""
+RANGE_METRIC = "comm/uplink_range_bits_per_param"
+"""Per-round mean over uploads of the range-coded size of the mask / n, whatever the uplink codec:
+a bit-packed run also reports what the lossless range coder would have sent for the same masks."""
 OPTIMIZER_KEY = "optimizer"
 """Key of a client's saved optimiser state in the client state store (``reset_optimizer: false``)."""
 _LOGIT_EPS = 1e-6
@@ -282,9 +287,29 @@ def perturb_in_hypercube(
     >>> q[:2].tolist(), eps[:2].tolist()
     ([0.0, 1.0], [0.0, 0.0])
     """
+    perturbed, eps, _ = perturbation_draw(p, tau, generator, region)
+    return perturbed, eps
+
+
+def perturbation_draw(
+    p: Tensor, tau: float, generator: torch.Generator, region: Literal["hypercube", "complement"] = "hypercube"
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(clip(p + ε_τ, 0, 1), ε_τ, ε): :func:`perturb_in_hypercube` plus the full draw ε ~ N(0, I_n).
+
+    ε_τ is ε with the coordinates outside the support set to zero. The paper's deviation
+    column is consistent with dividing by ‖ε‖₂ ≈ √n rather than ‖ε_τ‖₂ (its sensitivity /
+    deviation ratio gives a norm of ≈ 128 = √16,330 in every row, τ = 0.01 included, where
+    ε_τ has few non-zeros), so the full draw is returned for that reading.
+
+    >>> gen = torch.Generator().manual_seed(0)
+    >>> q, eps, full = perturbation_draw(torch.tensor([0.0, 1.0, 0.5]), 0.01, gen)
+    >>> eps[:2].tolist(), bool(full[:2].abs().min() > 0), bool(eps[2] == full[2])
+    ([0.0, 0.0], True, True)
+    """
     support = perturbation_support(p, tau, region)
-    eps = torch.where(support, torch.randn(p.shape, generator=generator, dtype=p.dtype), torch.zeros_like(p))
-    return (p + eps).clamp(0.0, 1.0), eps
+    draw = torch.randn(p.shape, generator=generator, dtype=p.dtype)
+    eps = torch.where(support, draw, torch.zeros_like(p))
+    return (p + eps).clamp(0.0, 1.0), eps, draw
 
 
 def relative_sensitivity(reference: float, perturbed: float) -> float:
@@ -395,7 +420,9 @@ class Zampling(FederatedModule):
         reset_optimizer: a fresh client optimiser every round (true) or kept per client.
         uplink: ``bitpack`` (n bits) or ``arithmetic`` (range-coded with the broadcast p).
         downlink: ``float32`` (paper) or ``lattice`` (lossless ⌈log2(K+1)⌉ bits per coordinate).
-        val_samples: sampled networks per validation; test_samples: per test.
+        val_samples: sampled networks per validation; test_samples: per test (paper: 100).
+        eval_networks_per_forward: sampled networks scored per batched forward at evaluation
+            (one pass of Q over all their masks, one ``vmap``-ed forward); 1 scores them one by one.
         sensitivity_taus: at test time, the parameter-sensitivity study of the paper
             (§"Generalisation Properties via Parameter Sensitivity"): for each τ, perturb p
             ``sensitivity_perturbations`` times inside C_τ (:func:`perturb_in_hypercube`) and
@@ -413,7 +440,7 @@ class Zampling(FederatedModule):
     sets_server_state = True
     client_weighting = "uniform"  # the paper's plain mean 1/K Σ_k z^k over the uploaders
     supported_aggregation = ("normalised",)
-    client_metric_names: tuple[str, ...] = (XENT_METRIC,)
+    client_metric_names: tuple[str, ...] = (XENT_METRIC, RANGE_METRIC)
 
     def __init__(
         self,
@@ -436,6 +463,7 @@ class Zampling(FederatedModule):
         downlink: Literal["float32", "lattice"] = "float32",
         val_samples: int = 20,
         test_samples: int = 100,
+        eval_networks_per_forward: int = 10,
         sensitivity_taus: Sequence[float] = (),
         sensitivity_perturbations: int = 10,
         sensitivity_samples: int = 10,
@@ -463,6 +491,11 @@ class Zampling(FederatedModule):
             raise ConfigError("method.downlink=lattice needs p to be a mean of bits; set method.upload=sample.")
         if val_samples < 1 or test_samples < 1:
             raise ConfigError("method.val_samples and method.test_samples must be at least 1.")
+        if eval_networks_per_forward < 1:
+            raise ConfigError(
+                f"method.eval_networks_per_forward must be at least 1 (got {eval_networks_per_forward}); "
+                "1 scores the sampled networks one by one."
+            )
         if p_init_beta <= 0:
             raise ConfigError(f"method.p_init_beta must be positive (got {p_init_beta}).")
         for tau in sensitivity_taus:
@@ -505,6 +538,7 @@ class Zampling(FederatedModule):
             sensitivity_perturbations=sensitivity_perturbations,
             sensitivity_samples=sensitivity_samples,
             sensitivity_region=sensitivity_region,
+            networks_per_forward=eval_networks_per_forward,
         )
 
     # ------------------------------------------------------------------ overridable pieces
@@ -620,6 +654,8 @@ class Zampling(FederatedModule):
         if self.uplink_channel.payload is Payload.BERNOULLI_MASK:
             upload = bernoulli_draw(p_new, self.generator(round_idx, client_id, "zampling_upload"))
             metrics[XENT_METRIC] = bernoulli_cross_entropy_bits(upload, p_start) / self.n
+            coder = BernoulliRangeCodec(model_p=p_start.cpu())
+            metrics[RANGE_METRIC] = coder.encode(upload).num_bits / self.n
         else:
             upload = p_new
         return ClientResult(upload=upload, num_samples=done.num_samples, loss=done.loss, metrics=metrics)
@@ -628,6 +664,10 @@ class Zampling(FederatedModule):
     def weights_of(self, z: Tensor) -> Tensor:
         """w = Q·z on this module's device."""
         return self.q.matvec(z.to(self.q.vals.device)).to(self.device)
+
+    def weights_of_many(self, z: Tensor) -> Tensor:
+        """w = Q·z for a batch of masks (B, n) → (B, m), on this module's device."""
+        return self.q.matmat(z.to(self.q.vals.device)).to(self.device)
 
     def expected_weights(self) -> Tensor:
         """w = Q·p (the expected network)."""

@@ -267,6 +267,25 @@ class SparseQ:
         _kernels().slab_matvec(cols_t, vals_t, z.contiguous().numpy(), out.numpy())
         return out
 
+    def matmat(self, z: Tensor, *, backend: Backend = "auto") -> Tensor:
+        """Q·z for a batch of B masks: ``z`` is (B, n), the result (B, m) (float32), row b = Q·z[b].
+
+        >>> q = SparseQ(cols=torch.tensor([[0, 2], [1, 2]]), vals=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), n=3)
+        >>> q.matmat(torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])).tolist()
+        [[3.0, 4.0], [0.0, 3.0]]
+        """
+        if z.dim() != 2 or z.shape[1] != self.n:
+            raise ValueError(
+                f"Q is {self.m} x {self.n}, so a batch of masks must be (B, {self.n}), not {tuple(z.shape)}."
+            )
+        z = z.detach().to(torch.float32)
+        if not self.compiled(backend):
+            return (self.csr @ z.T).T.contiguous()
+        out = torch.empty(self.m, z.shape[0])
+        cols_t, vals_t = self.slabs()
+        _kernels().slab_matmat(cols_t, vals_t, z.T.contiguous().numpy(), out.numpy())
+        return out.T.contiguous()
+
     def rmatvec(self, g: Tensor, *, backend: Backend = "auto") -> Tensor:
         """Qᵀ·g for a length-m vector (float32)."""
         g = self._check_length(g, self.m, "Qᵀ·g")
@@ -595,6 +614,16 @@ class ZampledNetwork:
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
         """The model's output on ``x`` with weights ``w``."""
         return functional_call(self.model, self.views(w), (x,))
+
+    def forward_many(self, x: Tensor, w: Tensor) -> Tensor:
+        """The outputs of B networks on the same ``x``: ``w`` is (B, m), the result (B, *output).
+
+        One ``vmap`` over the functional call, so each layer runs as one batched product over the
+        B weight sets (an ``nn.Linear`` becomes a ``bmm``) instead of B separate calls.
+        """
+        if w.dim() != 2 or w.shape[1] != self.m:
+            raise ValueError(f"forward_many needs weights of shape (B, {self.m}), not {tuple(w.shape)}.")
+        return torch.func.vmap(lambda row: self.forward(x, row))(w)
 
     def parameters_iter(self) -> Iterator[Tensor]:
         """The wrapped module's parameters (not used by the functional forward)."""

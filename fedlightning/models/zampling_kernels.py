@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["add_columns", "slab_matvec", "slab_rmatvec"]
+__all__ = ["add_columns", "slab_matmat", "slab_matvec", "slab_rmatvec"]
 
 _JIT = {"fastmath": True, "boundscheck": False, "nogil": True, "cache": True}
 
@@ -43,6 +43,28 @@ def slab_matvec(cols_t: np.ndarray, vals_t: np.ndarray, z: np.ndarray, out: np.n
     for k in range(1, d):
         for i in range(m):
             out[i] += vals_t[k, i] * z[cols_t[k, i]]
+
+
+@njit(**_JIT)
+def slab_matmat(cols_t: np.ndarray, vals_t: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:
+    """out ← Q·Z for B masks at once: z is (n, B), out (m, B); each gathered row z[j, :] is contiguous.
+
+    One pass over Q's non-zeros serves all B masks, so the gather cost of Q·z is paid once per
+    B networks (the per-round evaluation of many sampled networks).
+    """
+    d, m = cols_t.shape
+    b = z.shape[1]
+    for i in range(m):
+        v = vals_t[0, i]
+        j = cols_t[0, i]
+        for c in range(b):
+            out[i, c] = v * z[j, c]
+    for k in range(1, d):
+        for i in range(m):
+            v = vals_t[k, i]
+            j = cols_t[k, i]
+            for c in range(b):
+                out[i, c] += v * z[j, c]
 
 
 @njit(**_JIT)
