@@ -56,7 +56,9 @@ def run_one(cmd: list[str], env: dict[str, str], w: Workload, *, timeout_s: floa
         "returncode": proc.returncode,
         "error": None,
     }
-    lines = [ln for ln in stdout.decode(errors="replace").splitlines() if ln.startswith("BENCH_RESULT ")]
+    # another process of the tree may write into the same line: decode just the JSON object
+    text = stdout.decode(errors="replace")
+    lines = [ln.split("BENCH_RESULT ", 1)[1] for ln in text.splitlines() if "BENCH_RESULT " in ln]
     if proc.returncode != 0 or not lines:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
         rec["error"] = f"exit {proc.returncode}: {tail[0]}"
@@ -64,7 +66,7 @@ def run_one(cmd: list[str], env: dict[str, str], w: Workload, *, timeout_s: floa
             seconds_per_round=None, cpu_seconds_per_round=None, startup_s=None, first_round_s=None, test_acc=None
         )
         return rec
-    res = json.loads(lines[-1].split(" ", 1)[1])
+    res, _ = json.JSONDecoder().raw_decode(lines[-1])
     rounds = res["round_s"]
     steady = rounds[1:] or rounds  # round 1 carries warm-up (Ray's start for Flower)
     launch = float(full_env["BENCH_LAUNCH_T"])
