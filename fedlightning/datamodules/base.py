@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 #: ``partition(labels, num_clients, *, seed) -> list of index arrays``, e.g. a partition
 #: dataclass or ``functools.partial(dirichlet_partition, alpha=0.3)``.
-Partitioner = Callable[..., list[np.ndarray]]
+Partitioner = Callable[..., Sequence[np.ndarray]]
 
 #: Frozen, hence safe to share as a default argument.
 DEFAULT_PARTITION = IIDPartition()
@@ -303,7 +303,7 @@ class FederatedDataModule(L.LightningDataModule):
         if saved is not None and saved["version"] >= 2:
             position = np.full(num_dataset, -1, dtype=np.int64)
             position[self.train_dataset_index] = np.arange(len(labels))
-            parts = [np.sort(position[c]) for c in saved["clients"]]
+            parts: Sequence[np.ndarray] = [np.sort(position[c]) for c in saved["clients"]]
         elif saved is not None:
             parts = self._check_v1_partition(saved, len(labels))
         elif groups is not None:

@@ -647,10 +647,10 @@ class _Partition:
     def _params(self) -> dict[str, Any]:
         return {}
 
-    def _function(self) -> Callable[..., list[np.ndarray]]:
+    def _function(self) -> Callable[..., Sequence[np.ndarray]]:
         raise NotImplementedError
 
-    def __call__(self, labels: ArrayLike, num_clients: int, *, seed: Seed | None = None) -> list[np.ndarray]:
+    def __call__(self, labels: ArrayLike, num_clients: int, *, seed: Seed | None = None) -> Sequence[np.ndarray]:
         """Partition ``labels`` over ``num_clients`` clients (``self.seed`` wins over ``seed``)."""
         return self._function()(
             labels, num_clients, seed=self._seed(seed), min_partition_size=self.min_partition_size, **self._params()
@@ -666,7 +666,7 @@ class IIDPartition(_Partition):
         """Short name for run folders and logs."""
         return "iid"
 
-    def _function(self) -> Callable[..., list[np.ndarray]]:
+    def _function(self) -> Callable[..., Sequence[np.ndarray]]:
         return iid_partition
 
 
@@ -689,7 +689,7 @@ class DirichletPartition(_Partition):
         """Short name for run folders and logs."""
         return f"dirichlet_alpha{self.alpha:g}"
 
-    def _function(self) -> Callable[..., list[np.ndarray]]:
+    def _function(self) -> Callable[..., Sequence[np.ndarray]]:
         return dirichlet_partition
 
     def _params(self) -> dict[str, Any]:
@@ -715,7 +715,7 @@ class ShardPartition(_Partition):
         """Short name for run folders and logs."""
         return f"shard{self.shards_per_client}"
 
-    def _function(self) -> Callable[..., list[np.ndarray]]:
+    def _function(self) -> Callable[..., Sequence[np.ndarray]]:
         return shard_partition
 
     def _params(self) -> dict[str, Any]:
@@ -741,7 +741,7 @@ class QuantitySkewPartition(_Partition):
         """Short name for run folders and logs."""
         return f"quantity_skew_alpha{self.alpha:g}"
 
-    def _function(self) -> Callable[..., list[np.ndarray]]:
+    def _function(self) -> Callable[..., Sequence[np.ndarray]]:
         return quantity_skew_partition
 
     def _params(self) -> dict[str, Any]:
@@ -769,7 +769,7 @@ class NaturalPartition(_Partition):
         *,
         seed: Seed | None = None,
         groups: ArrayLike | None = None,
-    ) -> list[np.ndarray]:
+    ) -> Sequence[np.ndarray]:
         """Partition by ``groups`` (one group id per sample), see :func:`natural_partition`."""
         if groups is None:
             raise ValueError(
@@ -795,7 +795,7 @@ class FilePartition:
         """Short name for run folders and logs."""
         return "file"
 
-    def __call__(self, labels: ArrayLike, num_clients: int, *, seed: Seed | None = None) -> list[np.ndarray]:
+    def __call__(self, labels: ArrayLike, num_clients: int, *, seed: Seed | None = None) -> Sequence[np.ndarray]:
         """Not a draw: a datamodule with ``partition_file`` set reads the saved clients."""
         raise ValueError(
             "partition=file reuses the clients saved in data.partition_file; "
