@@ -195,6 +195,12 @@ def _run(
         )
     module = _build(cfg.method, "method", model=model, datamodule=datamodule, seed=int(cfg.seed))
     module.vectorised_cohort = cfg.get("vectorised_cohort", "auto")
+    budget_mb = cfg.get("client_state_memory_mb")
+    if budget_mb is not None:  # spill per-client state beyond the budget into the run folder
+        from fedlightning.federated.state import ClientStateStore
+
+        spill_dir = output_dir / "client_state"
+        module.client_state = ClientStateStore(memory_budget_bytes=int(budget_mb * 2**20), spill_dir=spill_dir)
 
     rounds = int(cfg.rounds)
     eval_every = min(int(cfg.get("eval_every", 1)), rounds)
@@ -277,6 +283,7 @@ def _run(
         # A resumed run has seen only the rounds after its checkpoint: the checkpoint holds the rest.
         metrics = {**resume.metrics, **scalar_metrics(dict(trainer.callback_metrics))}
         trainer.test(module, verbose=False)  # resets callback_metrics: keep the fit metrics above
+        module.client_state.close()  # spilled client state: the last checkpoint keeps it
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if _is_scalar(v)})
         summary = {
             "status": "completed",  # a failed job writes no summary.json (see fedlightning.jobs)

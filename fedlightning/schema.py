@@ -85,6 +85,14 @@ class TrainSchema:
     )
     ckpt_path: str | None = field(default=None, metadata=_spec("ckpt_path=null", "a checkpoint file to resume from"))
     save_partition: bool = field(default=True, metadata=_spec("save_partition=true", "whether to write partition.json"))
+    client_state_memory_mb: float | None = field(
+        default=None,
+        metadata=_spec(
+            "client_state_memory_mb=512",
+            "per-client state kept in memory between rounds, the rest on disk; null: all",
+            0,
+        ),
+    )
     print_config: bool = field(
         default=False, metadata=_spec("print_config=true", "print the resolved config (always in config.yaml)")
     )

@@ -21,7 +21,8 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from fedlightning.datamodules.partition import (
+    ClientPartition,
     FilePartition,
     IIDPartition,
     NaturalPartition,
@@ -48,7 +50,7 @@ log = logging.getLogger(__name__)
 
 #: ``partition(labels, num_clients, *, seed) -> list of index arrays``, e.g. a partition
 #: dataclass or ``functools.partial(dirichlet_partition, alpha=0.3)``.
-Partitioner = Callable[..., list[np.ndarray]]
+Partitioner = Callable[..., Sequence[np.ndarray]]
 
 #: Frozen, hence safe to share as a default argument.
 DEFAULT_PARTITION = IIDPartition()
@@ -134,6 +136,9 @@ class FederatedDataModule(L.LightningDataModule):
     #: True for generated data (the samples themselves change with ``seed``): a saved partition
     #: is then reused only under the seed it was saved with.
     data_depends_on_seed: bool = False
+    #: Most bytes of gathered client tensors kept by :meth:`client_tensors` (least recently used
+    #: dropped first).
+    client_cache_bytes: int = 512 * 2**20
 
     def __init__(
         self,
@@ -197,8 +202,10 @@ class FederatedDataModule(L.LightningDataModule):
         self._train: tuple[Tensor, Tensor] | None = None
         self._val: tuple[Tensor, Tensor] | None = None
         self._test: tuple[Tensor, Tensor] | None = None
-        self._parts: list[np.ndarray] = []
-        self._client_cache: dict[int, tuple[Tensor, Tensor]] = {}
+        self._partition = ClientPartition.from_parts([])
+        self._client_sizes: list[int] | None = None
+        self._client_cache: OrderedDict[int, tuple[Tensor, Tensor]] = OrderedDict()
+        self._client_cache_bytes = 0
 
     # -- to implement -------------------------------------------------------------------
 
@@ -297,7 +304,7 @@ class FederatedDataModule(L.LightningDataModule):
         if saved is not None and saved["version"] >= 2:
             position = np.full(num_dataset, -1, dtype=np.int64)
             position[self.train_dataset_index] = np.arange(len(labels))
-            parts = [np.sort(position[c]) for c in saved["clients"]]
+            parts: Sequence[np.ndarray] = [np.sort(position[c]) for c in saved["clients"]]
         elif saved is not None:
             parts = self._check_v1_partition(saved, len(labels))
         elif groups is not None:
@@ -305,7 +312,7 @@ class FederatedDataModule(L.LightningDataModule):
             parts = self.partition(labels, self.num_clients, seed=self.seed, groups=train_groups)
         else:
             parts = self.partition(labels, self.num_clients, seed=self.seed)
-        self._parts = [np.asarray(p, dtype=np.int64) for p in parts]
+        self._parts = parts
         self._check_partition(len(labels))
         self._train = train
         self._log_summary()
@@ -313,10 +320,24 @@ class FederatedDataModule(L.LightningDataModule):
     # -- per-client API -----------------------------------------------------------------
 
     @property
+    def _parts(self) -> ClientPartition:
+        """The clients' index arrays, packed (one flat array and offsets; no object per client)."""
+        return self._partition
+
+    @_parts.setter
+    def _parts(self, parts: Sequence[np.ndarray]) -> None:
+        self._partition = ClientPartition.from_parts(parts)
+        self._client_sizes = None
+        self._client_cache.clear()
+        self._client_cache_bytes = 0
+
+    @property
     def client_sizes(self) -> list[int]:
         """Number of training samples of each client."""
         self._ensure_setup()
-        return [len(p) for p in self._parts]
+        if self._client_sizes is None:
+            self._client_sizes = self._partition.sizes.tolist()
+        return self._client_sizes
 
     @property
     def num_train_samples(self) -> int:
@@ -331,12 +352,26 @@ class FederatedDataModule(L.LightningDataModule):
         return self._parts[cid]
 
     def client_tensors(self, cid: int) -> tuple[Tensor, Tensor]:
-        """Features and labels of client ``cid`` as contiguous tensors (cached)."""
+        """Features and labels of client ``cid`` as contiguous tensors.
+
+        Gathered from the training set on first use and kept in a least-recently-used cache
+        of at most ``client_cache_bytes`` (nothing per client exists before its first use, so
+        a federation of 100,000 clients starts with its index arrays only).
+        """
         cached = self._client_cache.get(cid)
-        if cached is None:
-            idx = torch.from_numpy(self.client_indices(cid))
-            x, y = self._train_tensors()
-            cached = self._client_cache[cid] = (x[idx], y[idx])
+        if cached is not None:
+            self._client_cache.move_to_end(cid)
+            return cached
+        index = torch.from_numpy(self.client_indices(cid).copy())  # the partition is read-only
+        x, y = self._train_tensors()
+        cached = (x[index], y[index])
+        size = cached[0].nbytes + cached[1].nbytes
+        if size <= self.client_cache_bytes:
+            self._client_cache[cid] = cached
+            self._client_cache_bytes += size
+            while self._client_cache_bytes > self.client_cache_bytes:
+                _, (old_x, old_y) = self._client_cache.popitem(last=False)
+                self._client_cache_bytes -= old_x.nbytes + old_y.nbytes
         return cached
 
     def augment(self, x: Tensor, generator: torch.Generator) -> Tensor:
@@ -455,16 +490,22 @@ class FederatedDataModule(L.LightningDataModule):
         self._ensure_setup()
         path = Path(path)
         meta = self._partition_meta()
-        clients = [np.sort(self.train_dataset_index[p]) for p in self._parts]
+        parts = self._parts
+        # Data-set indices of each client, sorted within the client (one vectorised sort).
+        owner = np.repeat(np.arange(len(parts)), parts.sizes)
+        mapped = self.train_dataset_index[parts.indices]
+        mapped = mapped[np.lexsort((mapped, owner))]
         if path.suffix == ".json":
             validation = np.sort(self.val_dataset_index).tolist()
-            body = {**meta, "validation": validation, "clients": [c.tolist() for c in clients]}
+            flat, offsets = mapped.tolist(), parts.offsets.tolist()
+            clients = [flat[offsets[k] : offsets[k + 1]] for k in range(len(parts))]
+            body = {**meta, "validation": validation, "clients": clients}
             path.write_text(json.dumps(body))
         else:
             np.savez_compressed(
                 path,
-                indices=np.concatenate(clients),
-                offsets=np.cumsum([0, *self.client_sizes]),
+                indices=mapped,
+                offsets=parts.offsets,
                 validation=np.sort(self.val_dataset_index),
                 meta=np.array(json.dumps(meta)),
             )
@@ -638,7 +679,7 @@ class FederatedDataModule(L.LightningDataModule):
     def _check_partition(self, n: int) -> None:
         if len(self._parts) != self.num_clients:
             raise ValueError(f"The partitioner returned {len(self._parts)} clients, expected {self.num_clients}.")
-        idx = np.concatenate(self._parts) if self._parts else np.empty(0, np.int64)
+        idx = self._parts.indices
         if (
             idx.size != n
             or (n and (idx.min() < 0 or idx.max() >= n))

@@ -2,12 +2,14 @@
 
 Every partitioner has one signature::
 
-    xxx_partition(labels, num_clients, *, seed, min_partition_size=1, **params) -> list[np.ndarray]
+    xxx_partition(labels, num_clients, *, seed, min_partition_size=1, **params) -> ClientPartition
 
 ``labels`` is the class label of every sample (only its length matters to the label-blind
 ``iid`` and ``quantity_skew`` splits), ``seed`` an ``int`` (or a ``numpy.random.Generator``
 to continue) and ``params`` the partitioner's own hyperparameters (``alpha``,
-``shards_per_client``, ``groups``). Each returns one sorted ``int64`` index array per client;
+``shards_per_client``, ``groups``). Each returns one sorted ``int64`` index array per client,
+packed in a :class:`ClientPartition` (a sequence of views into one flat array, so 100,000
+clients cost no object per client);
 together they hold every index ``0..N-1`` exactly once, and every client holds at least
 ``min_partition_size`` samples: a random split is drawn again (at most ``MAX_DRAWS`` times)
 while some client is smaller, and a split that cannot reach the minimum raises a
@@ -31,7 +33,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from numpy.typing import ArrayLike
 
 __all__ = [
     "MAX_DRAWS",
+    "ClientPartition",
     "DirichletPartition",
     "FilePartition",
     "IIDPartition",
@@ -118,12 +121,75 @@ def _check_shards(shards_per_client: int) -> None:
         )
 
 
-def _group(assignment: np.ndarray, num_clients: int) -> list[np.ndarray]:
-    """Turn a client id per sample into sorted per-client index arrays."""
+class ClientPartition(Sequence[np.ndarray]):
+    """Per-client index arrays stored as one flat array and offsets (no object per client).
+
+    ``parts[k]`` is a read-only view ``indices[offsets[k]:offsets[k + 1]]``, so a federation of
+    100,000 clients costs two ``int64`` arrays, not 100,000 array objects. It behaves as the
+    ``list[np.ndarray]`` every partitioner returns (``len``, indexing, iteration).
+
+    Example:
+        >>> parts = ClientPartition.from_parts([np.array([0, 2]), np.array([1])])
+        >>> len(parts), parts[0].tolist(), parts.sizes.tolist()
+        (2, [0, 2], [2, 1])
+    """
+
+    __slots__ = ("indices", "offsets")
+
+    def __init__(self, *, indices: np.ndarray, offsets: np.ndarray) -> None:
+        indices = np.asarray(indices, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != indices.size:
+            raise ValueError("ClientPartition offsets must start at 0 and end at the number of indices.")
+        if (np.diff(offsets) < 0).any():
+            raise ValueError("ClientPartition offsets must be non-decreasing.")
+        indices.setflags(write=False)
+        offsets.setflags(write=False)
+        self.indices = indices
+        self.offsets = offsets
+
+    @classmethod
+    def from_parts(cls, parts: Sequence[ArrayLike]) -> ClientPartition:
+        """Pack per-client index arrays (any sequence of array-likes; itself if already packed)."""
+        if isinstance(parts, ClientPartition):
+            return parts
+        arrays = [np.asarray(p, dtype=np.int64).reshape(-1) for p in parts]
+        sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+        flat = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
+        return cls(indices=flat, offsets=np.concatenate([[0], np.cumsum(sizes)]))
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Samples per client, ``int64`` of shape ``(K,)``."""
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return self.offsets.size - 1
+
+    def __getitem__(self, k):  # type: ignore[no-untyped-def, override]
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        k = int(k)
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(f"client {k} is out of range [0, {len(self)}).")
+        return self.indices[self.offsets[k] : self.offsets[k + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for k in range(len(self)):
+            yield self.indices[self.offsets[k] : self.offsets[k + 1]]
+
+    def __repr__(self) -> str:
+        return f"ClientPartition({len(self)} clients, {self.indices.size} samples)"
+
+
+def _group(assignment: np.ndarray, num_clients: int) -> ClientPartition:
+    """Turn a client id per sample into sorted per-client index arrays (packed)."""
     # A stable argsort of the client ids keeps the indices ascending inside each client.
     order = np.argsort(assignment, kind="stable").astype(np.int64, copy=False)
     sizes = np.bincount(assignment, minlength=num_clients)
-    return np.split(order, np.cumsum(sizes)[:-1])
+    return ClientPartition(indices=order, offsets=np.concatenate([[0], np.cumsum(sizes)]))
 
 
 def _draw_until_large_enough(
@@ -158,7 +224,7 @@ def _dirichlet(rng: np.random.Generator, alpha: float, k: int, size: int | None 
     return p if size is not None else p[0]
 
 
-def iid_partition(labels: ArrayLike, num_clients: int, *, seed: Seed, min_partition_size: int = 1) -> list[np.ndarray]:
+def iid_partition(labels: ArrayLike, num_clients: int, *, seed: Seed, min_partition_size: int = 1) -> ClientPartition:
     """Shuffle the samples and deal them into equal shares.
 
     Args:
@@ -191,7 +257,7 @@ def dirichlet_partition(
     seed: Seed,
     min_partition_size: int = 1,
     alpha: float = 0.5,
-) -> list[np.ndarray]:
+) -> ClientPartition:
     """Label skew: each class is spread over the clients by a Dirichlet draw.
 
     For every class ``c`` we draw ``q_c ~ Dir(alpha * 1_K)`` and cut the class's shuffled
@@ -266,7 +332,7 @@ def shard_partition(
     seed: Seed,
     min_partition_size: int = 1,
     shards_per_client: int = 2,
-) -> list[np.ndarray]:
+) -> ClientPartition:
     """Pathological non-IID split of FedAvg (McMahan et al., 2017, arXiv:1602.05629).
 
     The samples are sorted by label, cut into ``num_clients * shards_per_client``
@@ -322,7 +388,7 @@ def quantity_skew_partition(
     seed: Seed,
     min_partition_size: int = 1,
     alpha: float = 1.0,
-) -> list[np.ndarray]:
+) -> ClientPartition:
     """Quantity skew: client sizes follow ``Dir(alpha)``; labels stay IID.
 
     Each client first gets ``min_partition_size`` samples; the other
@@ -360,7 +426,7 @@ def natural_partition(
     seed: Seed,
     min_partition_size: int = 1,
     groups: ArrayLike,
-) -> list[np.ndarray]:
+) -> ClientPartition:
     """Natural partition: the samples of each group (speaking role, writer) stay together.
 
     With ``K`` equal to the number of groups ``G`` each client is one group, in ascending
@@ -447,7 +513,7 @@ def grouped_holdout(groups: np.ndarray, fraction: float, perm: np.ndarray) -> tu
     return perm[held], perm[~held]
 
 
-def partition_summary(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
+def partition_summary(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:
     """Label histogram of a partition.
 
     Args:
@@ -464,9 +530,8 @@ def partition_summary(labels: np.ndarray, parts: list[np.ndarray], num_classes: 
                [0, 1]])
     """
     labels = np.asarray(labels).reshape(-1)
-    k = len(parts)
-    sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=k)
-    idx = np.concatenate(parts).astype(np.int64) if k else np.empty(0, np.int64)
+    packed = ClientPartition.from_parts(parts)
+    k, sizes, idx = len(packed), packed.sizes, packed.indices
     client = np.repeat(np.arange(k), sizes)
     flat = client * num_classes + labels[idx].astype(np.int64)
     return np.bincount(flat, minlength=k * num_classes).reshape(k, num_classes)
@@ -582,10 +647,10 @@ class _Partition:
     def _params(self) -> dict[str, Any]:
         return {}
 
-    def _function(self) -> Callable[..., list[np.ndarray]]:
+    def _function(self) -> Callable[..., Sequence[np.ndarray]]:
         raise NotImplementedError
 
-    def __call__(self, labels: ArrayLike, num_clients: int, *, seed: Seed | None = None) -> list[np.ndarray]:
+    def __call__(self, labels: ArrayLike, num_clients: int, *, seed: Seed | None = None) -> Sequence[np.ndarray]:
         """Partition ``labels`` over ``num_clients`` clients (``self.seed`` wins over ``seed``)."""
         return self._function()(
             labels, num_clients, seed=self._seed(seed), min_partition_size=self.min_partition_size, **self._params()
@@ -601,7 +666,7 @@ class IIDPartition(_Partition):
         """Short name for run folders and logs."""
         return "iid"
 
-    def _function(self) -> Callable[..., list[np.ndarray]]:
+    def _function(self) -> Callable[..., Sequence[np.ndarray]]:
         return iid_partition
 
 
@@ -624,7 +689,7 @@ class DirichletPartition(_Partition):
         """Short name for run folders and logs."""
         return f"dirichlet_alpha{self.alpha:g}"
 
-    def _function(self) -> Callable[..., list[np.ndarray]]:
+    def _function(self) -> Callable[..., Sequence[np.ndarray]]:
         return dirichlet_partition
 
     def _params(self) -> dict[str, Any]:
@@ -650,7 +715,7 @@ class ShardPartition(_Partition):
         """Short name for run folders and logs."""
         return f"shard{self.shards_per_client}"
 
-    def _function(self) -> Callable[..., list[np.ndarray]]:
+    def _function(self) -> Callable[..., Sequence[np.ndarray]]:
         return shard_partition
 
     def _params(self) -> dict[str, Any]:
@@ -676,7 +741,7 @@ class QuantitySkewPartition(_Partition):
         """Short name for run folders and logs."""
         return f"quantity_skew_alpha{self.alpha:g}"
 
-    def _function(self) -> Callable[..., list[np.ndarray]]:
+    def _function(self) -> Callable[..., Sequence[np.ndarray]]:
         return quantity_skew_partition
 
     def _params(self) -> dict[str, Any]:
@@ -704,7 +769,7 @@ class NaturalPartition(_Partition):
         *,
         seed: Seed | None = None,
         groups: ArrayLike | None = None,
-    ) -> list[np.ndarray]:
+    ) -> Sequence[np.ndarray]:
         """Partition by ``groups`` (one group id per sample), see :func:`natural_partition`."""
         if groups is None:
             raise ValueError(
@@ -730,7 +795,7 @@ class FilePartition:
         """Short name for run folders and logs."""
         return "file"
 
-    def __call__(self, labels: ArrayLike, num_clients: int, *, seed: Seed | None = None) -> list[np.ndarray]:
+    def __call__(self, labels: ArrayLike, num_clients: int, *, seed: Seed | None = None) -> Sequence[np.ndarray]:
         """Not a draw: a datamodule with ``partition_file`` set reads the saved clients."""
         raise ValueError(
             "partition=file reuses the clients saved in data.partition_file; "

@@ -607,6 +607,7 @@ class FederatedModule(L.LightningModule):
                 cb.on_aggregate(self.trainer, self, rnd.round_idx, rnd.aggregator)
         self._round_optimizer = None
         self._server_step(rnd, apply=verdict == "apply")
+        self.client_state.enforce_budget()  # between rounds: no method holds a client's state now
         self._log_round(rnd, time.perf_counter() - started)
 
     def _attempt(self, rnd: _Round, attempt: int, broadcast_state: Tensor, broadcast: Message) -> None:
