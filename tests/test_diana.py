@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 
 import lightning as L
 import pytest
 import torch
 
 from fedlightning.callbacks.compression import UplinkCompression
-from fedlightning.compression import NaturalCompression, RandK, TopK
+from fedlightning.compression import Compressor, NaturalCompression, NaturalDithering, RandK, Sign, TopK, TopKThen
 from fedlightning.datamodules import DirichletPartition
 from fedlightning.datamodules.synthetic_logistic import SyntheticLogisticDataModule
 from fedlightning.errors import ConfigError
@@ -114,3 +115,30 @@ def test_vr_diana_variants_decrease_the_objective(variant: str) -> None:
 def test_diana_refuses_biased_compressors() -> None:
     with pytest.raises(ConfigError):
         fit(DIANA, 1, TopK(k=2))
+
+
+@pytest.mark.parametrize(
+    "compressor",
+    [Sign(), TopKThen(NaturalDithering(p=math.inf, s=2), k=8), RandK(fraction=0.25, values="int8")],
+    ids=lambda c: c.name,
+)
+@pytest.mark.parametrize("error_feedback", [False, True])
+def test_dcsgd_auto_step_refuses_a_compressor_without_finite_delta(
+    compressor: Compressor, error_feedback: bool
+) -> None:
+    assert math.isinf(compressor.delta(22))
+    dm = datamodule()
+    module = DCSGD(model=build_model("logreg", input_shape=dm.input_shape, num_classes=2), datamodule=dm, seed=0)
+    trainer = L.Trainer(
+        max_steps=1,
+        callbacks=[UplinkCompression(compressor, granularity="model", error_feedback=error_feedback)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    with pytest.raises(ConfigError, match=r"^method.lr=auto has no step size for the uplink compressor") as err:
+        trainer.fit(module)
+    assert compressor.name in str(err.value) and str(err.value).count(". ") == 0
+    assert module.objective_history == []  # stopped before any round
