@@ -249,6 +249,9 @@ class DownlinkChannel(Channel):
         super().__init__(direction="downlink", payload=payload, codec=codec, method=method)
         self.per_client = per_client
 
+    def after_server_step(self, module: object, round_idx: int) -> None:
+        """Called by the engine right after an applied server step (default: nothing)."""
+
     @property
     def compressed_payload(self) -> Payload:
         """A model broadcast reaches the operator as the delta x − x̂; other payloads as they are."""

@@ -1,4 +1,4 @@
-"""Distributed SGD with compressed gradients (thesis Algorithm 1/4/5/6) on the round engine.
+"""Distributed SGD with compressed gradients (thesis Algorithms 1, 4, 5, 6) on the round engine.
 
 One round is one iteration: each client computes a gradient of its local objective
 ``f_i(x) = mean loss + (l2/2)‖x‖²`` at the broadcast ``x`` (the full local gradient, or a
@@ -7,7 +7,10 @@ delta. The uplink compression callback (``compressor=<name>``) compresses it: wi
 feedback this is DCSGD (Algorithm 5, ``C(η g) = η C(g)`` for the positively homogeneous
 operators), with ``compressor.error_feedback=true`` it is exactly Algorithm 4/6
 (``C(e_i + η g_i)``). The server averages the decoded steps uniformly (``f = (1/n) Σ f_i``) and
-applies them (server SGD with lr 1); ``downlink=<name>`` adds master compression (Algorithm 1).
+applies them (server SGD with lr 1); ``downlink=<name>`` (``downlink.scheme=aggregate``) adds
+Algorithm 1's master compression: the server broadcasts ``C_M`` of the averaged step and every
+node applies that same decoded step, so all share one ``x``
+(:class:`~fedlightning.callbacks.compression.AggregateDownlinkChannel`).
 
 Step size ``lr="auto"`` reads the operator's metadata from the uplink channel
 (``module.uplink_channel.metadata(d)``):
