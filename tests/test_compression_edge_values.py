@@ -31,8 +31,8 @@ from fedlightning.compression import (
     TopKThen,
 )
 
-D = 2000
-DRAWS = 16
+D = 1000
+DRAWS = 8
 
 OPERATORS: list[Compressor] = [
     Identity(),

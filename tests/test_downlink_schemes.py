@@ -94,6 +94,7 @@ def test_algorithm_1_refuses_a_biased_master_compressor() -> None:
     DownlinkCompression(TopK(k=2), scheme="replica")  # the replica re-sends what Top-k drops
 
 
+@pytest.mark.slow
 def test_bidirectional_fedavg_run_counts_the_dense_initial_model_once(make_config: Any, tmp_path: Path) -> None:
     cfg = make_config(["rounds=2", "compressor=natural", "downlink=natural", "save_partition=false"])
     summary = run(cfg, tmp_path)
