@@ -161,7 +161,8 @@ def run_mnist(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) ->
                 down_bits += 32 * aggregate.numel() * n
             add_flat_(model, aggregate)
             step += 1
-            if step % args.eval_every == 0 or (epoch == args.epochs - 1 and b == steps_per_epoch - 1):
+            last = (epoch == args.epochs - 1 and b == steps_per_epoch - 1) or step == args.max_steps
+            if step % args.eval_every == 0 or last:
                 with torch.no_grad():
                     acc = float((model(xte).argmax(1) == yte).float().mean())
                     train_loss = float(loss_fn(model(xtr[:10000]), ytr[:10000]))
@@ -180,6 +181,8 @@ def run_mnist(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) ->
                     train_loss=train_loss,
                     seconds=time.perf_counter() - started,
                 )
+            if step == args.max_steps:
+                return
 
 
 def build_master(name: str) -> Compressor:
@@ -283,6 +286,7 @@ def main() -> None:
     parser.add_argument("--l2", type=float, default=1e-3)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--max-steps", type=int, default=0, help="mnist: stop after this many steps (0: all epochs)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--master", default="none", choices=["none", "natural", "natural_dithering"])
     parser.add_argument("--data-root", default="../shared/data")
