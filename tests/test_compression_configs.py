@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hydra.utils import instantiate
 
 from fedlightning.callbacks.compression import DownlinkCompression, UplinkCompression
@@ -34,7 +35,8 @@ def test_bidirectional_natural_run_counts_9_bits(make_config: Any, tmp_path: Pat
     cfg = make_config(["rounds=2", "compressor=natural", "downlink=natural", "save_partition=false"])
     summary = run(cfg, tmp_path)
     assert summary["comm/uplink_compression"] == pytest.approx(32 / 9)
-    assert summary["comm/downlink_bits_total"] == summary["comm/uplink_bits_total"]  # both 9 bits per coordinate
+    # every client: 2 uploads of 9 bits a coordinate; broadcasts of the float32 initial model, then 9 bits
+    assert summary["comm/downlink_bits_total"] == pytest.approx(summary["comm/uplink_bits_total"] * (32 + 9) / 18)
     assert summary["test/acc"] > 0.15  # 2 rounds on digits; chance is 0.1
 
 
@@ -44,3 +46,23 @@ def test_top_k_error_feedback_run_keeps_memory(make_config: Any, tmp_path: Path)
     )
     summary = run(cfg, tmp_path)
     assert summary["comm/uplink_compression"] > 50
+
+
+def test_natural_and_standard_dithering_configs_send_different_bitstreams(make_config: Any, tmp_path: Path) -> None:
+    """The two configs are Fig. 2.9's D_nat^{2,8} and D_sta^{2,128}: distinct levels, distinct messages."""
+    bits = {}
+    for name in ("natural_dithering", "standard_dithering"):
+        cfg = make_config(["rounds=1", f"compressor={name}", "save_partition=false", "data.num_clients=2"])
+        op = instantiate(cfg.compressor).compressor
+        summary = run(cfg, tmp_path / name)
+        bits[name] = (op.levels, op.s, op.p, summary["comm/uplink_bits_total"])
+    assert bits["natural_dithering"][:3] == ("exponential", 8, 2.0)
+    assert bits["standard_dithering"][:3] == ("standard", 128, 2.0)
+    # log2(8) = 3 level bits per non-zero against log2(128) = 7: the standard stream is the longer one
+    assert bits["standard_dithering"][3] > bits["natural_dithering"][3]
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    nat = instantiate(make_config(["compressor=natural_dithering"]).compressor).compressor
+    sta = instantiate(make_config(["compressor=standard_dithering"]).compressor).compressor
+    m_nat, m_sta = nat.compress(x, torch.Generator().manual_seed(1)), sta.compress(x, torch.Generator().manual_seed(1))
+    assert m_nat.payload != m_sta.payload
+    assert not torch.equal(m_nat.decode(), m_sta.decode())

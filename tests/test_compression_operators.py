@@ -106,8 +106,7 @@ def test_natural_compression_exactly_9_bits_per_coordinate() -> None:
 def test_natural_compression_fixes_powers_of_two_and_handles_subnormals() -> None:
     x = torch.tensor([1.0, -0.5, 2.0**-126, 2.0**100, -(2.0**-149), 0.0])
     y = NaturalCompression()(x, torch.Generator().manual_seed(0))
-    assert y[:4].tolist() == x[:4].tolist()
-    assert y[4].item() in (0.0, -(2.0**-126)) and y[5].item() == 0.0
+    assert y.tolist() == x.tolist()  # 2^-149 is a (subnormal) power of two: sent exactly
     with pytest.raises(ValueError):
         NaturalCompression().compress(torch.tensor([float("inf")]))
 

@@ -530,12 +530,26 @@ def test_message_with_a_payload_of_the_wrong_length_is_refused() -> None:
 
 
 def test_decoded_inf_from_a_finite_only_operator_is_refused() -> None:
+    op = ExponentialRounding(base=2.0)
+    msg = op.compress(torch.tensor([1.0, 2.0]))
+    bits = np.zeros(26, dtype=np.uint8)
+    bits[:16] = 1  # smallest exponent 2^15 - 1: the level 2^32767 is +inf in float32, which is never sent
+    bits[16:22] = [0, 0, 0, 0, 0, 1]  # width 1
+    bits[22:] = [0, 1, 0, 1]  # both coordinates at level k_min
+    with pytest.raises(MessageDecodeError, match=r"the stream decodes to inf or NaN"):
+        _rebuilt(msg, bits).decode()
+
+
+def test_natural_escape_without_or_beyond_its_subnormal_power_is_refused() -> None:
     op = NaturalCompression()
     msg = op.compress(torch.tensor([1.0, 2.0]))
-    inf = np.zeros(18, dtype=np.uint8)
-    inf[1:9] = 1  # sign 0, exponent 0xFF: +inf, which C_nat never sends
-    with pytest.raises(MessageDecodeError, match=r"^natural: the stream decodes to inf or NaN"):
-        _rebuilt(msg, inf).decode()
+    escape = np.zeros(18, dtype=np.uint8)
+    escape[1:9] = 1  # sign 0, exponent 0xFF: the subnormal escape, whose 5-bit power is missing
+    with pytest.raises(MessageDecodeError, match=r"^natural: a read of 5 bits at bit 18 runs past the end"):
+        _rebuilt(msg, escape).decode()
+    beyond = np.concatenate([escape, np.ones(5, dtype=np.uint8)])  # power 31: 2^-118 is not subnormal
+    with pytest.raises(MessageDecodeError, match=r"above 2\^-127"):
+        _rebuilt(msg, beyond).decode()
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,22 @@ pair never trains.
   from ``module.generator(round_idx, client_id, "compress")``; with ``error_feedback=true`` the
   client's memory e_i is added before compressing and updated with what the operator dropped
   (thesis arXiv 2207.00392, Algorithm 4/6).
-* :class:`DownlinkCompression`: the broadcast is compressed against the clients' replica
-  (:class:`fedlightning.federated.channel.DownlinkChannel`).
+* :class:`DownlinkCompression`: master compression of the broadcast, in one of two schemes
+  (``scheme=``):
+
+  - ``"aggregate"`` (default) is Algorithm 1 of the thesis (distributed SGD with bidirectional
+    compression) as written: at the end of each round the master compresses the aggregate
+    step ``Δ = x⁺ − x`` it just applied, ``C_M(Δ)``, sets its own model to ``x + C_M(Δ)`` and
+    broadcasts ``C_M(Δ)`` at the next round; every node applies the same decoded step, so all
+    share one ``x`` and nothing is remembered (:class:`AggregateDownlinkChannel`). Theorem 2.6.1
+    needs ``C_M`` unbiased, so a biased operator is refused. The initial model is sent once,
+    dense, in the first round (counted).
+  - ``"replica"`` compresses the model against the clients' replica ``x̂``: it sends
+    ``C(x − x̂)`` and both sides set ``x̂ ← x̂ + C(x − x̂)``, so the compression error is re-sent
+    later instead of lost (the primal error feedback of EF21-P, Gruntkowska et al., arXiv
+    2209.15218; also DoubleSqueeze-style server memory, arXiv 1905.05957). The replica starts from
+    the initial model, sent once, dense, in the first round (counted)
+    (:class:`ReplicaDownlinkChannel`).
 
 ``granularity="layer"`` applies the operator to each parameter tensor separately (the
 thesis's and its authors' default: ω/δ of Rand-k/Top-k then refer to each tensor);
@@ -22,19 +36,134 @@ thesis's and its authors' default: ω/δ of Rand-k/Top-k then refer to each tens
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
+import torch
+from torch import Tensor
 from typing_extensions import override
 
 from fedlightning.compression.operators import Compressor
 from fedlightning.errors import ConfigError
-from fedlightning.federated.channel import Channel, ReplicaCodec
+from fedlightning.federated.channel import Channel, DownlinkChannel, ReplicaCodec
 from fedlightning.federated.hooks import FederatedCallback
+from fedlightning.federated.message import Message
+from fedlightning.federated.params import assign_flat_, flat_parameters
+from fedlightning.federated.rng import SERVER
+
+if TYPE_CHECKING:
+    from fedlightning.federated.state import ClientStateStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DownlinkCompression", "ReplicaCodec", "UplinkCompression"]
+__all__ = [
+    "AggregateDownlinkChannel",
+    "DownlinkCompression",
+    "ReplicaCodec",
+    "ReplicaDownlinkChannel",
+    "UplinkCompression",
+]
+
+SHARED_KEY = "downlink_shared_x"
+"""The model every node holds under Algorithm 1 (server entry of the client state store)."""
+REPLICA_KEY = "downlink_replica"
+"""The clients' replica x̂ of the replica scheme (server entry of the client state store)."""
+DownlinkScheme = Literal["aggregate", "replica"]
+
+
+class ReplicaDownlinkChannel(DownlinkChannel):
+    """The replica scheme: ``C(x − x̂)``, ``x̂ ← x̂ + C(x − x̂)``; x̂ starts as the initial model, sent dense."""
+
+    def send(
+        self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator, state: ClientStateStore
+    ) -> tuple[Message, Tensor]:
+        if self.compressor is None:
+            return super().send(x, client_id=client_id, generator=generator, state=state)
+        replica = state.get(SERVER, REPLICA_KEY)
+        if replica is None or replica.numel() != x.numel():  # first round: the initial model, once, dense
+            message = self.codec.encode(x)
+            decoded = message.decode()
+        else:
+            op = self.operator(x.numel())
+            replica = replica.to(x.device)
+            inner = op.compress(x - replica, generator)
+            message = Message(
+                payload=inner.payload,
+                num_bits=inner.num_bits,
+                codec=ReplicaCodec(op, replica.detach().clone()),
+                shape=inner.shape,
+                header_bits=inner.header_bits,
+            )
+            decoded = message.decode()
+        state.set(SERVER, REPLICA_KEY, decoded.to(x.device, copy=True))
+        return message, decoded
+
+
+class AggregateDownlinkChannel(DownlinkChannel):
+    """Algorithm 1's master compression: the compressed aggregate step, no memory, one shared x.
+
+    :meth:`after_server_step` compresses the step the server optimiser just took and moves the
+    server model to the shared ``x + C_M(Δ)``; :meth:`send` broadcasts that message in the next
+    round. The first broadcast (or one after a resume, when the pending message is gone) sends
+    the model itself with the method's codec.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._pending: tuple[Message, Tensor] | None = None
+
+    def send(
+        self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator, state: ClientStateStore
+    ) -> tuple[Message, Tensor]:
+        if self.compressor is None:
+            return super().send(x, client_id=client_id, generator=generator, state=state)
+        shared = state.get(SERVER, SHARED_KEY)
+        if self._pending is not None and shared is not None and torch.equal(self._pending[1], shared.to(x.device)):
+            message, decoded = self._pending
+        elif shared is not None and self._pending is None and self._delivered and torch.equal(shared.to(x.device), x):
+            # a round without a server step: the clients hold x already; the operator sends a zero step
+            op = self.operator(x.numel())
+            inner = op.compress(torch.zeros_like(x), generator)
+            message = Message(
+                payload=inner.payload,
+                num_bits=inner.num_bits,
+                codec=ReplicaCodec(op, x.detach().clone()),
+                shape=inner.shape,
+                header_bits=inner.header_bits,
+            )
+            decoded = message.decode()
+        else:  # the first round (or a resume): the model itself, once
+            message = self.codec.encode(x)
+            decoded = message.decode()
+        self._pending = None
+        self._delivered = True
+        state.set(SERVER, SHARED_KEY, decoded.to(x.device, copy=True))
+        return message, decoded
+
+    _delivered = False
+
+    def after_server_step(self, module: Any, round_idx: int) -> None:
+        """Compress the server's step Δ = x⁺ − x to C_M(Δ) and move the server model to x + C_M(Δ)."""
+        if self.compressor is None:
+            return
+        shared = module.client_state.get(SERVER, SHARED_KEY)
+        if shared is None:
+            return
+        x_new = flat_parameters(module.model)
+        shared = shared.to(x_new.device)
+        op = self.operator(x_new.numel())
+        inner = op.compress(x_new - shared, module.generator(round_idx, SERVER, "compress_downlink"))
+        message = Message(
+            payload=inner.payload,
+            num_bits=inner.num_bits,
+            codec=ReplicaCodec(op, shared.detach().clone()),
+            shape=inner.shape,
+            header_bits=inner.header_bits,
+        )
+        decoded = message.decode().to(x_new.device, x_new.dtype)
+        assign_flat_(module.model, decoded)
+        module.client_state.set(SERVER, SHARED_KEY, decoded.clone())
+        self._pending = (message, decoded)
 
 
 class _CompressionCallback(FederatedCallback):
@@ -98,10 +227,12 @@ class UplinkCompression(_CompressionCallback):
 
 
 class DownlinkCompression(_CompressionCallback):
-    """Compress the broadcast against the clients' replica.
+    """Master compression of the broadcast (see the module docstring for the two schemes).
 
     Args:
-        compressor: the operator for x − x̂ (unbiased ones keep the replica unbiased).
+        compressor: ``C_M``; unbiased for ``scheme="aggregate"`` (Algorithm 1).
+        scheme: ``"aggregate"`` (Algorithm 1, the compressed aggregate step, no memory) or
+            ``"replica"`` (``C(x − x̂)`` against the clients' replica).
         granularity: ``"layer"`` or ``"model"``.
         log_metadata: log ω, δ and unbiasedness when attached.
     """
@@ -109,6 +240,44 @@ class DownlinkCompression(_CompressionCallback):
     direction = "downlink"
 
     def __init__(
-        self, compressor: Compressor, *, granularity: Literal["layer", "model"] = "layer", log_metadata: bool = True
+        self,
+        compressor: Compressor,
+        *,
+        scheme: DownlinkScheme = "aggregate",
+        granularity: Literal["layer", "model"] = "layer",
+        log_metadata: bool = True,
     ) -> None:
         super().__init__(compressor, granularity=granularity, log_metadata=log_metadata)
+        if scheme not in ("aggregate", "replica"):
+            raise ConfigError(f"downlink.scheme must be 'aggregate' (Algorithm 1) or 'replica' (got {scheme!r}).")
+        if scheme == "aggregate" and not compressor.unbiased:
+            raise ConfigError(
+                f"downlink.scheme=aggregate (Algorithm 1) needs an unbiased master compressor and {compressor.name} "
+                "is biased; use downlink.scheme=replica, which re-sends what it drops."
+            )
+        self.scheme: DownlinkScheme = scheme
+
+    def attach(self, module: Any) -> None:
+        """Give the module the scheme's downlink channel, then put the operator on it."""
+        from fedlightning.federated.module import FederatedModule
+
+        old = module.downlink_channel
+        cls = AggregateDownlinkChannel if self.scheme == "aggregate" else ReplicaDownlinkChannel
+        if old.compressor is self.compressor:
+            return
+        if self.scheme == "aggregate" and isinstance(module, FederatedModule):
+            own_state = (
+                type(module).broadcast_state is not FederatedModule.broadcast_state
+                or type(module).server_parameters is not FederatedModule.server_parameters
+                or module.sets_server_state
+            )
+            if own_state and not old.per_client:
+                raise ConfigError(
+                    f"downlink.scheme=aggregate (Algorithm 1) compresses the step of the global model, but "
+                    f"{old.method} broadcasts a state of its own; use downlink.scheme=replica."
+                )
+        if not isinstance(old, cls):
+            module.downlink_channel = cls(
+                payload=old.payload, codec=old.codec, method=old.method, per_client=old.per_client
+            )
+        super().attach(module)

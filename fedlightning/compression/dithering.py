@@ -7,12 +7,17 @@ one of two neighbouring levels:
 * exponential dithering, base ``b``, ``s`` levels: ``{0, b^{1−s}, …, b^{−1}, 1}``
   (natural dithering is ``b = 2``).
 
-Code: the norm as a positive float32 without its sign bit (31 bits), the support of the
+Code: the norm as a positive float32 without its sign bit (31 bits; rounded *up* to float32
+so every ``|x_i|/norm ≤ 1``; a norm that overflows float32 is refused with a clear error, use
+``p=inf``), or with ``norm_code="natural"`` the norm through C_nat (Definition 2.5.1 allows
+compressing it; 9 bits, ω' = 9ω/8 + 1/8), then the support of the
 non-zero levels by index coding (:func:`~fedlightning.compression.index_coding.write_positions`,
 which switches to a bitmap when the output is dense), one sign bit per non-zero, and the
 level of each non-zero: fixed width ``⌈log2 s⌉`` bits (natural dithering's default) or
 Elias gamma of the level index (``level_code="elias"``, what QSGD does). Declared header:
-the 31-bit norm and the position header.
+the norm and the position header. Each coordinate is rounded between the two neighbouring
+levels *as the receiver decodes them* (norm × level in float32), so the output is unbiased
+exactly, subnormal magnitudes included.
 
 Variance (ω, r = min(p, 2)):
 
@@ -40,6 +45,7 @@ from torch import Tensor
 
 from fedlightning.compression.bitstream import BitReader, BitWriter
 from fedlightning.compression.index_coding import read_positions, write_positions
+from fedlightning.compression.natural import natural_round, read_natural_codes, write_natural_codes
 from fedlightning.compression.operators import Compressor
 
 __all__ = ["QSGD", "Dithering", "NaturalDithering", "StandardDithering", "TernGrad"]
@@ -70,6 +76,7 @@ class Dithering(Compressor):
         levels: str = "standard",
         base: float = 2.0,
         level_code: str = "fixed",
+        norm_code: str = "float32",
         name: str | None = None,
     ) -> None:
         p = float(p)
@@ -81,14 +88,21 @@ class Dithering(Compressor):
             raise ValueError(f"levels must be 'standard' or 'exponential' (got {levels!r}).")
         if level_code not in {"fixed", "elias"}:
             raise ValueError(f"level_code must be 'fixed' or 'elias' (got {level_code!r}).")
+        if norm_code not in {"float32", "natural"}:
+            raise ValueError(f"norm_code must be 'float32' or 'natural' (got {norm_code!r}).")
         if levels == "exponential" and base <= 1:
             raise ValueError(f"Exponential dithering needs base > 1 (got {base}).")
         self.finite_output = True
         self.p, self.s, self.levels, self.base, self.level_code = p, int(s), levels, float(base), level_code
-        self.name = name or f"dithering({levels},p={p:g},s={s})"
+        self.norm_code = norm_code
+        suffix = ",norm=natural" if norm_code == "natural" else ""
+        self.name = (name or f"dithering({levels},p={p:g},s={s})") + suffix
 
     # ------------------------------------------------------------------ metadata
     def omega(self, d: int) -> float:
+        return self._norm_omega(self._levels_omega(d))
+
+    def _levels_omega(self, d: int) -> float:
         r = min(self.p, 2.0)
         dr = d ** (1.0 / r)
         if self.levels == "exponential":
@@ -97,10 +111,15 @@ class Dithering(Compressor):
             return 0.25 * (b + 1 / b + 2) - 1 + t * min(1.0, t)
         return dr / self.s * min(1.0, dr / (4 * self.s))
 
+    def _norm_omega(self, omega: float) -> float:
+        """With the norm through C_nat (independent of the levels), ω' = 9ω/8 + 1/8 (Theorem 2.4.4)."""
+        return 9 * omega / 8 + 1 / 8 if self.norm_code == "natural" else omega
+
     def analytic_bits(self, d: int) -> float:
+        norm = 9 if self.norm_code == "natural" else 31
         if self.levels == "exponential":
-            return 31 + d * (2 + math.log2(self.s))
-        return 31 + d * (3 + math.log2(self.s))
+            return norm + d * (2 + math.log2(self.s))
+        return norm + d * (3 + math.log2(self.s))
 
     def level_values(self) -> np.ndarray:
         """Level ``L`` in ``0..s`` → its value in ``[0, 1]``."""
@@ -112,43 +131,62 @@ class Dithering(Compressor):
         return vals
 
     # ------------------------------------------------------------------ rounding
-    def _levels(self, y: Tensor, generator: torch.Generator) -> Tensor:
-        """Random level index (0..s) of each ``y`` in [0, 1], unbiased: E[value(L)] = y."""
-        u = torch.rand(y.shape, generator=generator, dtype=torch.float64)
-        if self.levels == "standard":
-            t = y * self.s
-            j = torch.floor(t).clamp(max=self.s)
-            return (j + (u < t - j).to(torch.float64)).clamp(max=self.s).to(torch.int64)
-        b, s = self.base, self.s
-        lmin = b ** (1 - s)
-        L = torch.zeros(y.shape, dtype=torch.int64)
-        low = y < lmin
-        L[low] = (u[low] < y[low] / lmin).to(torch.int64)
-        hi_mask = ~low
-        yh = y[hi_mask]
-        k = torch.floor(torch.log(yh) / math.log(b)).clamp(min=1 - s, max=0)
-        lo = torch.pow(b, k)
-        k = torch.where(lo > yh, k - 1, k).clamp(min=1 - s)
-        lo = torch.pow(b, k)
-        k = torch.where((lo * b <= yh) & (k < 0), k + 1, k)
-        lo = torch.pow(b, k)
-        p_up = ((yh - lo) / (lo * b - lo)).clamp(0, 1)
-        Lh = (k + s).to(torch.int64) + (u[hi_mask] < p_up).to(torch.int64)
-        L[hi_mask] = Lh.clamp(max=s)
-        return L
+    def _levels(self, t: Tensor, values: np.ndarray, generator: torch.Generator) -> Tensor:
+        """Random level index (0..s) of each magnitude ``t``, unbiased for the decoded ``values``.
+
+        ``values[j]`` is level ``j`` as the receiver decodes it (float32, increasing, the last
+        one ``>= max t``); ``t`` rounds to one of its two neighbouring values with the
+        probabilities that make ``E[values[L]] = t`` exactly.
+        """
+        u = torch.rand(t.shape, generator=generator, dtype=torch.float64)
+        v = torch.from_numpy(values)
+        j = (torch.searchsorted(v, t, right=True) - 1).clamp(0, self.s - 1)
+        lo, hi = v[j], v[j + 1]
+        gap = hi - lo
+        p_up = torch.where(gap > 0, (t - lo) / torch.where(gap > 0, gap, torch.ones_like(gap)), torch.zeros_like(t))
+        return j + (u < p_up).to(torch.int64)
+
+    def _decoded_values(self, scale: float) -> np.ndarray:
+        """The levels times the decoded norm, rounded to float32 as the receiver does (float64)."""
+        return (np.float64(scale) * self.level_values()).astype(np.float32).astype(np.float64)
+
+    def _send_norm(self, x: Tensor) -> np.float32:
+        """‖x‖_p as a float32 no smaller than it (rounded up), or a clear error when it overflows."""
+        exact = _p_norm(x, self.p)
+        top = float(np.finfo(np.float32).max)
+        if exact > top:
+            raise ValueError(
+                f"{self.name}: ‖x‖_{self.p:g} = {exact:.4g} overflows float32, so its levels cannot be sent; "
+                "use p=inf (the norm is then max|x_i|) or scale the update down."
+            )
+        norm = np.float32(exact)
+        if float(norm) < exact:
+            norm = np.nextafter(norm, np.float32(np.inf))
+            if not np.isfinite(norm):
+                raise ValueError(f"{self.name}: ‖x‖_{self.p:g} = {exact:.4g} rounds up past float32's maximum.")
+        return np.float32(norm)
 
     # ------------------------------------------------------------------ stream
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
         if not torch.isfinite(x).all():
             raise ValueError(f"{self.name} received inf or NaN.")
-        norm = np.float32(_p_norm(x, self.p))
-        writer.write_bits(int(np.array([norm], dtype=np.float32).view(np.uint32)[0]) & 0x7FFFFFFF, 31)
-        if norm == 0:
-            return 31 + write_positions(writer, np.zeros(0, dtype=np.int64), x.numel())
-        y = (x.to(torch.float64).abs() / float(norm)).clamp(max=1.0)
-        L = self._levels(y, generator)
+        norm = self._send_norm(x)
+        scale = norm
+        if self.norm_code == "natural":  # Definition 2.5.1's C(‖x‖_p) with C = C_nat: 9 bits (14 if subnormal)
+            start = writer.num_bits
+            scale = natural_round(torch.tensor([norm]), generator).numpy()[0]
+            write_natural_codes(writer, np.array([scale], dtype=np.float32))
+            norm_bits = writer.num_bits - start
+        else:
+            writer.write_bits(int(np.array([norm], dtype=np.float32).view(np.uint32)[0]) & 0x7FFFFFFF, 31)
+            norm_bits = 31
+        if norm == 0 or scale == 0:
+            return norm_bits + write_positions(writer, np.zeros(0, dtype=np.int64), x.numel())
+        # magnitudes in units of the sent norm: |x_i|·(scale/‖x‖), unbiased over the norm's own rounding
+        t = x.to(torch.float64).abs() * (float(scale) / float(norm))
+        L = self._levels(t, self._decoded_values(float(scale)), generator)
         positions = torch.nonzero(L, as_tuple=True)[0]
-        header = 31 + write_positions(writer, positions, x.numel())
+        header = norm_bits + write_positions(writer, positions, x.numel())
         writer.write_bitarray((x[positions] < 0).numpy().astype(np.uint8))
         nz_levels = L[positions].numpy().astype(np.uint64)
         if self.level_code == "elias":
@@ -158,7 +196,12 @@ class Dithering(Compressor):
         return header
 
     def read(self, reader: BitReader, numel: int) -> Tensor:
-        norm = np.array([reader.read_bits(31)], dtype=np.uint32).view(np.float32)[0]
+        if self.norm_code == "natural":
+            norm = read_natural_codes(reader, 1)[0]
+            if norm < 0:
+                raise reader.error("the dithering norm decodes negative, which the encoder never sends")
+        else:
+            norm = np.array([reader.read_bits(31)], dtype=np.uint32).view(np.float32)[0]
         positions = read_positions(reader, numel)
         out = np.zeros(numel, dtype=np.float32)
         if positions.size == 0:
@@ -170,16 +213,22 @@ class Dithering(Compressor):
             L = reader.read_array(positions.size, max(0, (self.s - 1).bit_length())).astype(np.int64) + 1
         if L.max() > self.s:
             raise reader.error(f"a level decodes to {L.max()}, above s={self.s}")
-        out[positions] = ((1 - 2 * neg) * float(norm) * self.level_values()[L]).astype(np.float32)
+        with np.errstate(over="ignore"):  # a corrupted norm is caught as non-finite in decode
+            out[positions] = ((1 - 2 * neg) * self._decoded_values(float(norm))[L]).astype(np.float32)
         return torch.from_numpy(out)
 
 
 class StandardDithering(Dithering):
     """Standard random dithering D_sta^{p,s} (linear levels ``j/s``)."""
 
-    def __init__(self, p: float = 2.0, s: int = 1, level_code: str = "fixed") -> None:
+    def __init__(self, p: float = 2.0, s: int = 1, level_code: str = "fixed", norm_code: str = "float32") -> None:
         super().__init__(
-            p, s, levels="standard", level_code=level_code, name=f"standard_dithering(p={float(p):g},s={s})"
+            p,
+            s,
+            levels="standard",
+            level_code=level_code,
+            norm_code=norm_code,
+            name=f"standard_dithering(p={float(p):g},s={s})",
         )
 
 
@@ -200,13 +249,14 @@ class TernGrad(Dithering):
 class NaturalDithering(Dithering):
     """Natural dithering D_nat^{p,s}: levels ``{0, 2^{1−s}, …, 1/2, 1}`` (Theorem 2.5.2)."""
 
-    def __init__(self, p: float = math.inf, s: int = 2, base: float = 2.0) -> None:
+    def __init__(self, p: float = math.inf, s: int = 2, base: float = 2.0, norm_code: str = "float32") -> None:
         super().__init__(
             p,
             s,
             levels="exponential",
             base=base,
             level_code="fixed",
+            norm_code=norm_code,
             name=f"natural_dithering(p={float(p):g},s={s})"
             if base == 2
             else f"exp_dithering(b={base:g},p={float(p):g},s={s})",

@@ -3,10 +3,13 @@
 C_nat rounds every float32 to one of the two neighbouring powers of two, up with probability
 equal to its mantissa ``m`` (``t = ±2^e(1 + m)``), so it is unbiased with ω = 1/8
 (Theorem 2.4.2; the worst case ``t = (4/3)·2^a`` attains ``E[C(t)²] = (9/8)t²``). The output is
-a sign and an 8-bit exponent: **exactly 9 bits per coordinate**, no header; zero is the
-all-zero exponent. The same bit formula handles subnormals (they round to 0 or ``2^−126``,
-unbiasedly); rounding up from the largest finite exponent is clamped to ``2^127`` (biased,
-only for |t| ≥ 2^127); inf/NaN are refused.
+a sign and an 8-bit exponent: **9 bits per coordinate** for every normal power of two, no
+header; zero is the all-zero exponent. Subnormal inputs round between their neighbouring
+*subnormal* powers of two ``2^−149 … 2^−127`` (the same rule on the integer mantissa, so
+ω = 1/8 holds over all finite float32); such an output is sent as the escape exponent 255
+(never a finite float32 exponent) followed by 5 bits for its power, 14 bits in all. A
+coordinate above ``2^127`` has no upper neighbour in float32 (``2^128`` overflows), so it is
+refused with a clear error, as are inf/NaN.
 
 >>> import torch
 >>> c = NaturalCompression()
@@ -39,16 +42,78 @@ def _check_finite(x: Tensor, who: str) -> None:
         raise ValueError(f"{who} received inf or NaN; compress finite updates only.")
 
 
+def _refuse_above_top_power(x: Tensor, who: str) -> None:
+    """Refuse |x| > 2^127: its upper power of two 2^128 is not a float32."""
+    u = x.contiguous().view(torch.int32).to(torch.int64) & 0x7FFFFFFF
+    over = (u >> 23 == 0xFE) & ((u & 0x7FFFFF) != 0)
+    if bool(over.any()):
+        big = float(x.abs().max())
+        raise ValueError(
+            f"{who} cannot round |x| = {big:.4g} (above 2^127): its upper power of two 2^128 overflows float32; "
+            "scale the update down."
+        )
+
+
 def natural_round(x: Tensor, generator: torch.Generator) -> Tensor:
-    """C_nat(x) for a float32 CPU tensor (bit-level stochastic rounding to powers of two)."""
+    """C_nat(x) for a float32 CPU tensor (bit-level stochastic rounding to powers of two).
+
+    Normal ``t = ±2^e(1 + m)`` rounds up to ``2^{e+1}`` with probability ``m``; a subnormal
+    ``t = ±j·2^−149`` rounds the integer ``j`` the same way between its neighbouring powers of
+    two (``j = 2^23`` is ``2^−126``), so every output is a float32 power of two or zero.
+    """
     _check_finite(x, "natural compression")
+    _refuse_above_top_power(x, "natural compression")
     u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    mantissa = (u & 0x7FFFFF).to(torch.float64) / float(1 << 23)
-    up = torch.rand(x.shape, generator=generator, dtype=torch.float64) < mantissa
+    draw = torch.rand(x.shape, generator=generator, dtype=torch.float64)
     exp = (u >> 23) & 0xFF
-    up &= ~((exp == 0xFE) & up)  # clamp: 2^127 cannot round up to infinity
+    mantissa = (u & 0x7FFFFF).to(torch.float64) / float(1 << 23)
+    up = draw < mantissa
     out = (u & _SIGN_EXP) + up.to(torch.int64) * _EXP_ONE
+    sub = (exp == 0) & ((u & 0x7FFFFF) != 0)
+    if bool(sub.any()):
+        j = u[sub] & 0x7FFFFF
+        low = _floor_pow2(j)
+        up_sub = draw[sub] < (j - low).to(torch.float64) / low.to(torch.float64)
+        out[sub] = (u[sub] & 0x80000000) + low * (1 + up_sub.to(torch.int64))
     return _bits_to_float(out)
+
+
+def _floor_pow2(j: Tensor) -> Tensor:
+    """The largest power of two ``<= j`` for positive int64 ``j`` below 2^24."""
+    p = torch.floor(torch.log2(j.to(torch.float64))).to(torch.int64)
+    p = torch.where(torch.bitwise_left_shift(torch.ones_like(p), p) > j, p - 1, p)
+    p = torch.where(torch.bitwise_left_shift(torch.ones_like(p), p + 1) <= j, p + 1, p)
+    return torch.bitwise_left_shift(torch.ones_like(p), p)
+
+
+_ESCAPE = np.uint64(0xFF)
+"""Exponent field of a subnormal power of two in the natural code (255 is never a finite float32's)."""
+
+
+def write_natural_codes(writer: BitWriter, y: np.ndarray) -> None:
+    """Append float32 powers of two (or zeros) ``y``: sign + 8-bit exponent, then 5 bits per subnormal."""
+    u = np.ascontiguousarray(y, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    top = u >> np.uint64(23)
+    frac = u & np.uint64(0x7FFFFF)
+    sub = ((top & _ESCAPE) == 0) & (frac != 0)
+    top[sub] |= _ESCAPE
+    writer.write_array(top, 9)
+    if sub.any():
+        power = np.floor(np.log2(frac[sub].astype(np.float64))).astype(np.uint64)  # exact: frac is 2^power
+        writer.write_array(power, 5)
+
+
+def read_natural_codes(reader: BitReader, count: int) -> np.ndarray:
+    """Inverse of :func:`write_natural_codes` (float32)."""
+    top = reader.read_array(count, 9).astype(np.uint64)
+    sub = (top & _ESCAPE) == _ESCAPE
+    out = top << np.uint64(23)
+    if sub.any():
+        power = reader.read_array(int(sub.sum()), 5).astype(np.uint64)
+        if int(power.max()) > 22:
+            raise reader.error(f"a subnormal power decodes to 2^{int(power.max())}·2^-149, above 2^-127")
+        out[sub] = (top[sub] & np.uint64(0x100)) << np.uint64(23) | (np.uint64(1) << power)
+    return out.astype(np.uint32).view(np.float32)
 
 
 def _bits_to_float(bits: Tensor) -> Tensor:
@@ -73,18 +138,20 @@ class NaturalCompression(Compressor):
         return natural_round(x, generator)
 
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
-        y = natural_round(x, generator)
-        top = y.numpy().view(np.uint32) >> np.uint32(23)
-        writer.write_array(top.astype(np.uint64), 9)
+        write_natural_codes(writer, natural_round(x, generator).numpy())
         return 0
 
     def read(self, reader: BitReader, numel: int) -> Tensor:
-        top = reader.read_array(numel, 9).astype(np.uint32)
-        return torch.from_numpy((top << np.uint32(23)).view(np.float32).copy())
+        return torch.from_numpy(read_natural_codes(reader, numel).copy())
 
 
 class DeterministicNatural(NaturalCompression):
-    """Biased rounding to the *nearest* power of two (Table 4.3 (f), b = 2): δ = 9/8, 9 bits."""
+    """Biased rounding to the *nearest* power of two (Table 4.3 (f), b = 2): δ = 9/8, 9 bits.
+
+    Up from ``t = 2^e(1 + m)`` when ``m ≥ 1/2``; a subnormal rounds its integer mantissa the
+    same way (escape code as in :class:`NaturalCompression`). ``|t| ≥ 1.5·2^127`` would round
+    to ``2^128``, which overflows float32, and is refused.
+    """
 
     name = "natural_deterministic"
     unbiased = False
@@ -100,9 +167,22 @@ class DeterministicNatural(NaturalCompression):
         _check_finite(x, "deterministic natural compression")
         u = x.numpy().view(np.uint32).astype(np.uint64)
         exp = (u >> np.uint64(23)) & np.uint64(0xFF)
-        up = ((u & np.uint64(0x7FFFFF)) >= np.uint64(1 << 22)) & (exp != np.uint64(0xFE))
-        top = (u >> np.uint64(23)) + up.astype(np.uint64)
-        writer.write_array(top, 9)
+        frac = u & np.uint64(0x7FFFFF)
+        up = frac >= np.uint64(1 << 22)
+        if bool((up & (exp == np.uint64(0xFE))).any()):
+            raise ValueError(
+                f"deterministic natural compression cannot round |x| = {float(x.abs().max()):.4g} to its nearest power "
+                "of two 2^128, which overflows float32; scale the update down."
+            )
+        out = (u & np.uint64(0xFF800000)) + (up.astype(np.uint64) << np.uint64(23))
+        sub = (exp == 0) & (frac != 0)
+        if sub.any():
+            j = frac[sub]
+            low = np.uint64(1) << np.floor(np.log2(j.astype(np.float64))).astype(np.uint64)
+            low = np.where(low > j, low >> np.uint64(1), low)
+            nearest = np.where(2 * (j - low) >= low, low << np.uint64(1), low)
+            out[sub] = (u[sub] & np.uint64(0x80000000)) | nearest
+        write_natural_codes(writer, out.astype(np.uint32).view(np.float32))
         return 0
 
 
@@ -110,9 +190,12 @@ class ExponentialRounding(Compressor):
     """Rounding to levels ``b^k`` (Table 4.3 (e)/(f)): unbiased (stochastic) or biased (nearest).
 
     Unbiased: ζ = ¼(b + 1/b + 2), ω = ζ − 1 (b = 2 is C_nat). Biased (round to nearest level):
-    δ = (b + 1)²/(4b). Code: a 16-bit signed smallest exponent ``k_min`` and a 6-bit width ``w``
-    (header, 22 bits), then per coordinate a sign bit and ``k − k_min + 1`` in ``w`` bits
-    (0 means zero): ``22 + d(1 + w)`` bits, ``w = ⌈log2(k_max − k_min + 2)⌉``.
+    δ = (b + 1)²/(4b). The rounding runs between the levels as the receiver decodes them
+    (float32), so the output is unbiased exactly; a coordinate whose levels float32 cannot hold
+    (an upper level that overflows, or subnormal levels of a non-power-of-two base whose ratio
+    drifts above ``b``) is refused with a clear error. Code: a 16-bit signed smallest exponent
+    ``k_min`` and a 6-bit width ``w`` (header, 22 bits), then per coordinate a sign bit and
+    ``k − k_min + 1`` in ``w`` bits (0 means zero): ``22 + d(1 + w)`` bits, ``w = ⌈log2(k_max − k_min + 2)⌉``.
     """
 
     def __init__(self, base: float = 2.0, unbiased: bool = True) -> None:
@@ -147,9 +230,9 @@ class ExponentialRounding(Compressor):
         lo = torch.pow(self.base, k.to(torch.float64))
         too_small = nz & (lo * self.base <= a)
         k[too_small] += 1
-        lo = torch.pow(self.base, k.to(torch.float64))
-        hi = lo * self.base
-        p_up = (a - lo) / (hi - lo)
+        lo, hi = self._float32_levels(k), self._float32_levels(k + 1)
+        self._check_levels(a, lo, hi, nz)
+        p_up = torch.where(nz, (a - lo) / (hi - lo).clamp(min=1e-300), torch.zeros_like(a))
         if self.unbiased:  # round up with probability p_up
             draw = torch.rand(v.shape, generator=generator, dtype=torch.float64)
         else:  # round to the nearest level
@@ -171,6 +254,27 @@ class ExponentialRounding(Compressor):
         writer.write_array((signs << np.uint64(width)) | code, width + 1)
         return header
 
+    def _float32_levels(self, k: Tensor) -> Tensor:
+        """``b^k`` as the receiver decodes it (rounded to float32), in float64."""
+        with np.errstate(over="ignore"):
+            return torch.pow(self.base, k.to(torch.float64)).to(torch.float32).to(torch.float64)
+
+    def _check_levels(self, a: Tensor, lo: Tensor, hi: Tensor, nz: Tensor) -> None:
+        """Refuse coordinates whose neighbouring levels float32 cannot hold (overflow, or a ratio above b)."""
+        used_hi = nz & (a > lo)
+        if bool((used_hi & ~torch.isfinite(hi)).any()):
+            raise ValueError(
+                f"{self.name} cannot round |x| = {float(a.max()):.4g}: its upper level overflows float32; "
+                "scale the update down."
+            )
+        ratio_ok = (lo > 0) & (hi <= lo * self.base * (1 + 2.0**-20))
+        if bool((used_hi & ~ratio_ok).any()):
+            tiny = float(a[used_hi & ~ratio_ok].min())
+            raise ValueError(
+                f"{self.name} cannot round |x| = {tiny:.4g}: float32 cannot hold its levels b^k that small to the "
+                "precision its ω assumes; use a power-of-two base or scale the update up."
+            )
+
     def read(self, reader: BitReader, numel: int) -> Tensor:
         kmin = reader.read_bits(16) - 2**15
         width = reader.read_bits(6)
@@ -179,6 +283,7 @@ class ExponentialRounding(Compressor):
         words = reader.read_array(numel, width + 1)
         code = (words & np.uint64((1 << width) - 1)).astype(np.int64)
         neg = (words >> np.uint64(width)).astype(np.float64)
-        with np.errstate(over="ignore"):  # an exponent beyond float range is caught as non-finite in decode
-            mag = np.where(code > 0, np.power(self.base, (code - 1 + kmin).astype(np.float64)), 0.0)
-            return torch.from_numpy(((1 - 2 * neg) * mag).astype(np.float32))
+        # the encoder's own float32 levels; an exponent beyond float range is caught as non-finite in decode
+        mag = self._float32_levels(torch.from_numpy(code - 1 + kmin)).numpy()
+        mag = np.where(code > 0, mag, 0.0)
+        return torch.from_numpy(((1 - 2 * neg) * mag).astype(np.float32))

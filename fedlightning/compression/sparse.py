@@ -2,10 +2,19 @@
 
 Every sparsifier's message is the index-coded support
 (:func:`~fedlightning.compression.index_coding.write_positions`, near ``log2 C(d, k)`` bits)
-followed by the kept values in a value code: ``float32`` (default), ``float16``,
-``bfloat16``, ``int8`` (8-bit linear with a float32 scale; biased, use with error feedback)
-or ``natural`` (the values are first passed through C_nat, unbiasedly, then sent in 9 bits:
+followed by the kept values in a value code: ``float32`` (default), ``float16`` (scaled by
+a float32 ``max|v|``), ``bfloat16``, ``int8`` (8-bit linear with a float32 scale) or
+``natural`` (the values are first passed through C_nat, unbiasedly, then sent in 9 bits:
 the composition ``C_nat ∘ C`` of Theorem 2.4.4, ω' = 9ω/8 + 1/8).
+
+The float16, bfloat16 and int8 codes round deterministically, so an operator sending them is
+biased (use it with error feedback); its δ follows from the code's ε
+(:meth:`~fedlightning.compression.values.ValueCodec.relative_error`, ``‖Q(v) − v‖² ≤ ε‖v‖²``):
+for the unscaled selections ``‖C(x) − x‖² = ‖x − S(x)‖² + ‖Q(v) − v‖²`` gives
+``δ = δ_S/(1 − ε)``; for the rescaled ones (Rand-k, NU Rand-1, gradient sparsification,
+variance ω) ``E‖C(x) − x‖² ≤ (√ω + √(ε(ω + 1)))²‖x‖²`` [DERIVED], a finite δ only when this
+is below ‖x‖² (Rand-k at fraction 1). Values a code cannot carry within ε, and rescaled
+values ``(d/k)·x_i`` that overflow float32, are refused in one sentence.
 
 ``k`` is given directly or as a density ``fraction`` (``k = max(1, ⌊d·fraction⌋)``, the
 authors' convention), evaluated on each block when applied layer-wise.
@@ -28,9 +37,13 @@ from fedlightning.compression.bitstream import BitReader, BitWriter
 from fedlightning.compression.index_coding import log2_binomial, read_positions, write_positions
 from fedlightning.compression.natural import natural_round
 from fedlightning.compression.operators import Compressor
-from fedlightning.compression.values import value_codec
+from fedlightning.compression.values import ScaledFloat16Values, ValueCodec, check_value_loss, value_codec
+
+LOSSY_VALUES = frozenset({"float16", "bfloat16", "int8", "8bit"})
+"""Value codes that round deterministically (operators sending them are biased)."""
 
 __all__ = [
+    "LOSSY_VALUES",
     "AdaptiveRandomSparsification",
     "BiasedRandomSparsification",
     "GradientSparsification",
@@ -57,7 +70,8 @@ class Sparsifier(Compressor):
         self.k_fixed = k
         self.fraction = fraction
         self.values_name = values
-        self.values = value_codec(values)
+        self.values: ValueCodec = ScaledFloat16Values() if values == "float16" else value_codec(values)
+        self.lossy_values = values in LOSSY_VALUES
 
     def k_of(self, d: int) -> int:
         """Kept coordinates in dimension ``d``."""
@@ -76,14 +90,34 @@ class Sparsifier(Compressor):
     def _value_omega(self, omega: float) -> float:
         return 9 * omega / 8 + 1 / 8 if self.values_name == "natural" else omega
 
+    def _rescaled_delta(self, omega: float, d: int) -> float:
+        """δ of a rescaled (unbiased before value coding) sparsifier sending lossy values."""
+        if not self.lossy_values:
+            return omega + 1.0
+        eps = self.values.relative_error(d)
+        t = (math.sqrt(omega) + math.sqrt(eps * (omega + 1.0))) ** 2
+        return 1.0 / (1.0 - t) if t < 1 else math.inf
+
+    def _selection_delta(self, delta: float, count: int) -> float:
+        """δ of an unscaled selection with selection δ ``delta`` sending ``count`` lossy values."""
+        eps = self.values.relative_error(count) if self.lossy_values else 0.0
+        return delta / (1.0 - eps) if eps < 1 else math.inf
+
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
         if not torch.isfinite(x).all():
             raise ValueError(f"{self.name} received inf or NaN.")
         positions, vals = self.select(x, generator)
+        vals = vals.to(torch.float32)
+        if not bool(torch.isfinite(vals).all()):
+            raise ValueError(
+                f"{self.name}: the rescaled values overflow float32 (|x_i| up to {float(x.abs().max()):.4g}); "
+                "scale the update down or keep more coordinates."
+            )
         if self.values_name == "natural":
-            vals = natural_round(vals.to(torch.float32).contiguous(), generator)
+            vals = natural_round(vals.contiguous(), generator)
         header = write_positions(writer, positions, x.numel())
-        v = vals.to(torch.float32).numpy()
+        v = vals.numpy()
+        check_value_loss(self.values, v, self.name)
         self.values.write(writer, v)
         return header + (self.values.header_bits if v.size else 0)
 
@@ -110,23 +144,27 @@ class RandK(Sparsifier):
     def __init__(self, k: int | None = None, fraction: float | None = None, values: str = "float32") -> None:
         super().__init__(k=k, fraction=fraction, values=values)
         self.name = f"rand_k({self._kdesc()},{values})"
+        self.unbiased = not self.lossy_values
 
-    def omega(self, d: int) -> float:
-        return self._value_omega(d / self.k_of(d) - 1)
+    def omega(self, d: int) -> float | None:
+        return None if self.lossy_values else self._value_omega(d / self.k_of(d) - 1)
+
+    def delta(self, d: int) -> float:
+        return self._rescaled_delta(self._value_omega(d / self.k_of(d) - 1), d)
 
     def select(self, x: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         d = x.numel()
         k = self.k_of(d)
         positions = torch.randperm(d, generator=generator)[:k].sort().values
-        return positions, x[positions] * (d / k)
+        return positions, (x[positions].to(torch.float64) * (d / k)).to(torch.float32)
 
 
 class TopK(Sparsifier):
     """Top-k: the ``k`` largest magnitudes, unscaled; biased, δ = d/k (Lemma 4.4.9).
 
     With ``values="natural"`` the kept values go through C_nat (second moment 9/8), so
-    δ = d/((2 − 9/8)k) [DERIVED, Theorem 4.4.5 route]; 8/16-bit value codes are treated as
-    lossless in the metadata (their error is tiny and error feedback absorbs it).
+    δ = d/((2 − 9/8)k) [DERIVED, Theorem 4.4.5 route]; with a lossy value code of error ε,
+    δ = d/((1 − ε)k) (the dropped and the rounded coordinates are disjoint).
     """
 
     unbiased = False
@@ -143,7 +181,9 @@ class TopK(Sparsifier):
 
     def delta(self, d: int) -> float:
         base = d / self.k_of(d)
-        return base / (2 - 9 / 8) if self.values_name == "natural" else base
+        if self.values_name == "natural":
+            return base / (2 - 9 / 8)
+        return self._selection_delta(base, self.k_of(d))
 
     def select(self, x: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         k = self.k_of(x.numel())
@@ -165,7 +205,7 @@ class BiasedRandomSparsification(Sparsifier):
         return None
 
     def delta(self, d: int) -> float:
-        return 1.0 / self.q
+        return self._selection_delta(1.0 / self.q, d)
 
     def analytic_bits(self, d: int) -> float:
         return self.q * d * (self.values.bits_per_value + 1 + math.log2(d))
@@ -189,7 +229,7 @@ class AdaptiveRandomSparsification(Sparsifier):
         return None
 
     def delta(self, d: int) -> float:
-        return float(d)
+        return self._selection_delta(float(d), 1)
 
     def select(self, x: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         a = x.abs().to(torch.float64)
@@ -208,9 +248,13 @@ class NURand1(Sparsifier):
     def __init__(self, values: str = "float32") -> None:
         super().__init__(k=1, values=values)
         self.name = f"nu_rand_1({values})"
+        self.unbiased = not self.lossy_values
 
-    def omega(self, d: int) -> float:
-        return self._value_omega(d - 1.0)
+    def omega(self, d: int) -> float | None:
+        return None if self.lossy_values else self._value_omega(d - 1.0)
+
+    def delta(self, d: int) -> float:
+        return self._rescaled_delta(self._value_omega(d - 1.0), d)
 
     def select(self, x: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         a = x.abs().to(torch.float64)
@@ -235,9 +279,13 @@ class GradientSparsification(Sparsifier):
         super().__init__(k=k, fraction=fraction, values=values)
         self.max_iter = max_iter
         self.name = f"grad_spars({self._kdesc()},{values})"
+        self.unbiased = not self.lossy_values
 
-    def omega(self, d: int) -> float:
-        return self._value_omega(d / self.k_of(d) - 1)
+    def omega(self, d: int) -> float | None:
+        return None if self.lossy_values else self._value_omega(d / self.k_of(d) - 1)
+
+    def delta(self, d: int) -> float:
+        return self._rescaled_delta(self._value_omega(d / self.k_of(d) - 1), d)
 
     def probabilities(self, x: Tensor) -> Tensor:
         """Keep probabilities ``p_i`` (float64)."""

@@ -2,8 +2,14 @@
 
 A value codec writes ``count`` values into a :class:`BitWriter` and reads them back from a
 :class:`BitReader`; ``count`` is known to the reader from the surrounding message. Lossy
-codecs (float16, 8-bit) decode to their quantised values; ``roundtrip(values)`` gives what
-the receiver sees, so error feedback can keep the exact residual.
+codecs (float16, bfloat16, 8-bit) decode to their quantised values; ``roundtrip(values)``
+gives what the receiver sees, so error feedback can keep the exact residual.
+
+Each codec declares ``relative_error(count)``, an ε with ``‖Q(v) − v‖² ≤ ε‖v‖²`` for the
+``count`` values it sends (0 for the lossless float32 and natural codes); operators built on
+a lossy code are biased and derive δ from ε, and :func:`check_value_loss` refuses, in one
+sentence, values a code cannot carry within its ε (float16 beyond 65504, bfloat16 or 8-bit
+codes of subnormal magnitudes).
 
 >>> import numpy as np
 >>> codec = value_codec("int8")
@@ -23,7 +29,9 @@ __all__ = [
     "Float32Values",
     "Int8Values",
     "NaturalValues",
+    "ScaledFloat16Values",
     "ValueCodec",
+    "check_value_loss",
     "value_codec",
 ]
 
@@ -38,6 +46,10 @@ class ValueCodec:
     def bits(self, count: int) -> int:
         """Exact bits of ``count`` values (header included, 0 when count is 0)."""
         return 0 if count == 0 else self.header_bits + self.bits_per_value * count
+
+    def relative_error(self, count: int) -> float:
+        """ε with ``‖Q(v) − v‖² ≤ ε‖v‖²`` for ``count`` values (0: lossless)."""
+        return 0.0
 
     def write(self, writer: BitWriter, values: np.ndarray) -> None:
         raise NotImplementedError
@@ -75,8 +87,17 @@ class Float16Values(ValueCodec):
     name = "float16"
     bits_per_value = 16
 
+    def relative_error(self, count: int) -> float:
+        return 2.0**-20  # round to nearest, 11-bit significand; underflow is refused by check_value_loss
+
     def write(self, writer: BitWriter, values: np.ndarray) -> None:
-        writer.write_array(np.asarray(values, dtype=np.float32).astype(np.float16).view(np.uint16), 16)
+        v = np.asarray(values, dtype=np.float32)
+        if v.size and float(np.abs(v).max()) > 65504.0:
+            raise ValueError(
+                f"float16 values overflow at |v| = {float(np.abs(v).max()):.4g} (float16's largest is 65504); "
+                "use values=bfloat16 or float32."
+            )
+        writer.write_array(v.astype(np.float16).view(np.uint16), 16)
 
     def read(self, reader: BitReader, count: int) -> np.ndarray:
         return reader.read_array(count, 16).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -85,17 +106,65 @@ class Float16Values(ValueCodec):
         return np.asarray(values, dtype=np.float32).astype(np.float16).astype(np.float32)
 
 
+class ScaledFloat16Values(ValueCodec):
+    """float16 of ``v / max|v|`` after a float32 scale ``max|v|``: 32 + 16 bits per value.
+
+    The scale keeps every value in float16's range whatever the magnitude of ``v`` (what the
+    sparsifiers send with ``values=float16``): each value keeps an 11-bit significand down to
+    ``2^−14·max|v|`` and an absolute error below ``2^−25·max|v|`` beneath it.
+    """
+
+    name = "float16"
+    bits_per_value = 16
+    header_bits = 32
+
+    def relative_error(self, count: int) -> float:
+        return 2.0**-20 + count * 2.0**-48
+
+    def _scale(self, v: np.ndarray) -> np.float32:
+        return np.float32(np.abs(v).max()) if v.size else np.float32(0)
+
+    def write(self, writer: BitWriter, values: np.ndarray) -> None:
+        v = np.asarray(values, dtype=np.float32)
+        if v.size == 0:
+            return
+        scale = self._scale(v)
+        writer.write_array(np.array([scale], dtype=np.float32).view(np.uint32), 32)
+        w = v.astype(np.float64) / float(scale) if scale > 0 else np.zeros(v.shape)
+        writer.write_array(w.astype(np.float16).view(np.uint16), 16)
+
+    def read(self, reader: BitReader, count: int) -> np.ndarray:
+        if count == 0:
+            return np.zeros(0, dtype=np.float32)
+        scale = reader.read_array(1, 32).astype(np.uint32).view(np.float32)[0]
+        if not np.isfinite(scale) or scale < 0:
+            raise reader.error(f"the float16 value scale is {scale}; the encoder sends a finite max|v|")
+        w = reader.read_array(count, 16).astype(np.uint16).view(np.float16).astype(np.float64)
+        if count and float(np.abs(w).max()) > 1.0:
+            raise reader.error("a scaled float16 value decodes above 1 in magnitude, which the encoder never sends")
+        return (w * float(scale)).astype(np.float32)
+
+
 class BFloat16Values(ValueCodec):
-    """bfloat16 (float32 with the low 16 mantissa bits rounded off), 16 bits per value."""
+    """bfloat16 (float32 with the low 16 mantissa bits rounded off), 16 bits per value.
+
+    Round to nearest even, except that a value which would round up to infinity (within half
+    a bfloat16 step of float32's maximum) is rounded down to the largest finite bfloat16.
+    """
 
     name = "bfloat16"
     bits_per_value = 16
+
+    def relative_error(self, count: int) -> float:
+        return 2.0**-14  # 8-bit significand (2^-16) with room for the top-of-range rounding down
 
     @staticmethod
     def _words(values: np.ndarray) -> np.ndarray:
         u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
         rounded = (u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
-        return rounded.astype(np.uint16)  # round to nearest even
+        to_inf = ((rounded & np.uint64(0x7F80)) == np.uint64(0x7F80)) & ((u & np.uint64(0x7F800000)) != 0x7F800000)
+        rounded = np.where(to_inf, u >> np.uint64(16), rounded)  # finite input: truncate instead of overflowing
+        return rounded.astype(np.uint16)
 
     def write(self, writer: BitWriter, values: np.ndarray) -> None:
         writer.write_array(self._words(values), 16)
@@ -118,6 +187,9 @@ class Int8Values(ValueCodec):
     name = "int8"
     bits_per_value = 8
     header_bits = 32
+
+    def relative_error(self, count: int) -> float:
+        return count / 250.0**2  # each error <= max|v|/254 <= ‖v‖/254, with room for float32 rounding
 
     def _quantise(self, values: np.ndarray) -> tuple[np.float32, np.ndarray]:
         v = np.asarray(values, dtype=np.float32)
@@ -151,7 +223,8 @@ class NaturalValues(ValueCodec):
     """Powers of two ``±2^e`` (what natural compression outputs): sign bit + 8-bit exponent.
 
     The exponent field is the float32 biased exponent, so every normal float32 power of two
-    is representable; it reuses the layout of :mod:`fedlightning.compression.natural`.
+    is representable, and a subnormal power of two takes 5 more bits (the layout of
+    :mod:`fedlightning.compression.natural`; ``bits`` counts 9 per value, the normal case).
     Values that are not powers of two are rounded down in magnitude (use after C_nat).
     """
 
@@ -159,16 +232,14 @@ class NaturalValues(ValueCodec):
     bits_per_value = 9
 
     def write(self, writer: BitWriter, values: np.ndarray) -> None:
-        u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-        writer.write_array((u >> np.uint32(23)).astype(np.uint64), 9)  # sign + exponent
+        from fedlightning.compression.natural import write_natural_codes
+
+        write_natural_codes(writer, values)  # sign + exponent (+ 5 bits for a subnormal power)
 
     def read(self, reader: BitReader, count: int) -> np.ndarray:
-        top = reader.read_array(count, 9).astype(np.uint32)
-        return (top << np.uint32(23)).view(np.float32)
+        from fedlightning.compression.natural import read_natural_codes
 
-    def roundtrip(self, values: np.ndarray) -> np.ndarray:
-        u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-        return ((u >> np.uint32(23)) << np.uint32(23)).view(np.float32)
+        return read_natural_codes(reader, count)
 
 
 _VALUE_CODECS: dict[str, type[ValueCodec]] = {
@@ -179,6 +250,21 @@ _VALUE_CODECS: dict[str, type[ValueCodec]] = {
     "8bit": Int8Values,
     "natural": NaturalValues,
 }
+
+
+def check_value_loss(codec: ValueCodec, values: np.ndarray, who: str) -> None:
+    """Refuse ``values`` that ``codec`` cannot carry within its declared ε (one sentence)."""
+    if codec.relative_error(values.size) == 0 or values.size == 0:
+        return
+    v = np.asarray(values, dtype=np.float32)
+    energy = float(np.square(v.astype(np.float64)).sum())
+    err = float(np.square(codec.roundtrip(v).astype(np.float64) - v).sum())
+    if err > codec.relative_error(values.size) * energy:
+        raise ValueError(
+            f"{who}: the {codec.name} value code loses {err / energy:.3g} of the values' energy at magnitudes near "
+            f"{float(np.abs(v).max()):.3g}, more than the {codec.relative_error(values.size):.3g} its δ assumes; "
+            "use values=float32."
+        )
 
 
 def value_codec(name: str | ValueCodec) -> ValueCodec:

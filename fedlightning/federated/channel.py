@@ -21,6 +21,9 @@ The downlink channel compresses a model broadcast against the clients' replica x
 compression error is re-sent next round instead of accumulating. The replica is server state
 (checkpointed under :data:`~fedlightning.federated.rng.SERVER`), starts at zero, and models a
 broadcast that all clients hear (each cohort member is charged for it).
+The ``downlink=`` configs replace this channel with one of the two schemes of
+:mod:`fedlightning.callbacks.compression`: the thesis's Algorithm 1 (the compressed aggregate
+step, no memory) or a replica that starts from the initial model, sent once.
 """
 
 from __future__ import annotations
@@ -253,6 +256,9 @@ class DownlinkChannel(Channel):
     def __init__(self, *, payload: Payload, codec: Codec, method: str, per_client: bool = False) -> None:
         super().__init__(direction="downlink", payload=payload, codec=codec, method=method)
         self.per_client = per_client
+
+    def after_server_step(self, module: object, round_idx: int) -> None:
+        """Called by the engine right after an applied server step (default: nothing)."""
 
     @property
     def compressed_payload(self) -> Payload:

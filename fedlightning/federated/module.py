@@ -905,6 +905,7 @@ class FederatedModule(L.LightningModule):
             set_flat_grad_(self.server_parameters(), -delta)
         optimizer.step()  # type: ignore[union-attr]  # also the round counter (global_step)
         if applied:
+            self.downlink_channel.after_server_step(self, rnd.round_idx)  # e.g. Algorithm 1's compressed step
             total = torch.stack([p.detach().sum() for p in self.server_parameters()]).sum()
             if not bool(torch.isfinite(total)):
                 raise DivergenceError(

@@ -1,4 +1,4 @@
-"""Distributed SGD with compressed gradients (thesis Algorithm 1/4/5/6) on the round engine.
+"""Distributed SGD with compressed gradients (thesis Algorithms 1, 4, 5, 6) on the round engine.
 
 One round is one iteration: each client computes a gradient of its local objective
 ``f_i(x) = mean loss + (l2/2)‖x‖²`` at the broadcast ``x`` (the full local gradient, or a
@@ -7,7 +7,10 @@ delta. The uplink compression callback (``compressor=<name>``) compresses it: wi
 feedback this is DCSGD (Algorithm 5, ``C(η g) = η C(g)`` for the positively homogeneous
 operators), with ``compressor.error_feedback=true`` it is exactly Algorithm 4/6
 (``C(e_i + η g_i)``). The server averages the decoded steps uniformly (``f = (1/n) Σ f_i``) and
-applies them (server SGD with lr 1); ``downlink=<name>`` adds master compression (Algorithm 1).
+applies them (server SGD with lr 1); ``downlink=<name>`` (``downlink.scheme=aggregate``) adds
+Algorithm 1's master compression: the server broadcasts ``C_M`` of the averaged step and every
+node applies that same decoded step, so all share one ``x``
+(:class:`~fedlightning.callbacks.compression.AggregateDownlinkChannel`).
 
 Step size ``lr="auto"`` reads the operator's metadata from the uplink channel
 (``module.uplink_channel.metadata(d)``):
@@ -16,7 +19,9 @@ Step size ``lr="auto"`` reads the operator's metadata from the uplink channel
 * error feedback (any operator): ``η = 1/(14 (2δ + B) L)`` with ``B = 0`` for full
   gradients and ``B = 1`` otherwise (Theorem 4.7.5 (ii));
 * biased without EF: ``η = 1/(δ L)`` (the single-node B³ rule, Theorem 4.5.3; distributed it
-  may diverge, Example 4.7.1).
+  may diverge, Example 4.7.1);
+* a biased operator without a finite δ (Sign; Top-k followed by dithering whose ζ ≥ 2) has no
+  such step size: ``lr=auto`` stops with a :class:`~fedlightning.errors.ConfigError` naming it.
 
 ``L`` is ``smoothness`` if given, else for linear models the logistic bound
 ``½ max_i λ_max(A_iᵀA_i/m_i) + l2`` (bias column included) computed from the client data.
@@ -25,6 +30,7 @@ Step size ``lr="auto"`` reads the operator's metadata from the uplink channel
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
@@ -158,6 +164,11 @@ class DCSGD(GradientMethod):
         if self.lr_setting != "auto":
             return
         meta = self.compression_metadata()
+        if not meta.unbiased and not math.isfinite(meta.delta):
+            raise ConfigError(
+                f"method.lr=auto has no step size for the uplink compressor {meta.name}: it has no finite δ, so the "
+                "thesis's rule 1/(δL) is zero; set method.lr to a number or pick a compressor with a finite δ."
+            )
         L = self.smoothness()
         n = self.num_clients
         if meta.error_feedback:

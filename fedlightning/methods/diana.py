@@ -12,17 +12,24 @@ Gradient estimators ``g_i`` (``variant``):
 * ``"full"`` — the full local gradient: DIANA with exact gradients, converges linearly to the
   exact optimum (the shifts learn ``∇f_i(x*)``);
 * ``"sgd"`` — a mini-batch gradient (the "DIANA-SGD" baseline): linear rate to a neighbourhood;
-* ``"lsvrg"`` — VR-DIANA variant 1: ``∇f_iB(x) − ∇f_iB(w_i) + μ_i`` with the reference point
-  ``w_i`` reset to ``x`` with probability ``batch_size/m_i`` (the client's own coin);
+* ``"lsvrg"`` — VR-DIANA variant 1: ``∇f_iB(x) − ∇f_iB(w_i) + μ_i``; after computing it every
+  client resets its reference point ``w_i`` to ``x`` when the round's single coin ``u^k`` (drawn
+  by the server with probability ``1/m``, ``m = max_i m_i``, and broadcast with ``x``) is 1;
 * ``"saga"`` — VR-DIANA variant 2: a table of per-sample gradients, refreshed at the sampled
   indices.
 
-Parameters read from the operator's metadata when ``"auto"``:
+With ``l1 > 0`` the server step is Algorithm 2's proximal one, ``x ← prox_{γR}(x − γ g)`` for
+``R = l1‖x‖₁`` (soft thresholding), and the logged objective includes ``R``.
+
+Parameters read from the operator's metadata when ``"auto"`` (thesis arXiv 2207.00392, Ch. 3):
 
 * ``alpha = 1/(ω + 1)`` (Theorem 3.5.4, Corollary 3.5.5);
 * VR variants: ``γ = 1/(L(1 + 36(ω+1)/n))`` with ``L`` the single-sample smoothness (Thm 3.5.4);
-* DIANA (full/sgd): ``γ = min(α/(2μ), 1/(L(1 + 2ω/n)))`` with ``μ = l2`` (the DIANA step
-  rule of Horváth et al. 2019 as we read it; ``L`` the local-objective smoothness).
+* DIANA with full gradients is Algorithm 2 with ``m = 1`` (each ``f_i`` is its own single
+  term, the L-SVRG estimator is then ``∇f_i(x)``), so its thesis step is the same
+  ``γ = 1/(L(1 + 36(ω+1)/n))`` with ``L`` the local-objective smoothness;
+* DIANA-SGD (no variance reduction; the thesis states no step for it): the same rule with the
+  local-objective ``L``.
 """
 
 from __future__ import annotations
@@ -37,12 +44,13 @@ from torch.func import functional_call, grad, vmap
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import Aggregator, WeightedMean
 from fedlightning.federated.module import ClientResult
+from fedlightning.federated.params import flat_parameters
 from fedlightning.federated.rng import SERVER
 from fedlightning.methods.dcsgd import GradientMethod
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DIANA", "VRDIANA"]
+__all__ = ["DIANA", "VRDIANA", "soft_threshold", "vr_diana_step"]
 
 _VARIANTS = ("full", "sgd", "lsvrg", "saga")
 
@@ -53,19 +61,23 @@ class DIANA(GradientMethod):
     Args:
         variant: ``"full"``, ``"sgd"``, ``"lsvrg"`` or ``"saga"``.
         alpha: shift learning rate, or ``"auto"`` = ``1/(ω + 1)``.
+        l1: weight of ``R = l1‖x‖₁``; ``> 0`` makes the server step proximal (Algorithm 2).
         lr: step size γ, or ``"auto"`` (see the module docstring).
         Other arguments as :class:`~fedlightning.methods.dcsgd.GradientMethod`.
     """
 
     supported_aggregation = ("normalised",)
 
-    def __init__(self, *, variant: str = "full", alpha: float | str = "auto", **kwargs: Any) -> None:
+    def __init__(self, *, variant: str = "full", alpha: float | str = "auto", l1: float = 0.0, **kwargs: Any) -> None:
         if variant not in _VARIANTS:
             raise ConfigError(f"method.variant must be one of {', '.join(_VARIANTS)} (got {variant!r}).")
         kwargs.setdefault("full_gradient", variant == "full")
         super().__init__(**kwargs)
         if isinstance(alpha, str) and alpha != "auto":
             raise ConfigError(f"method.alpha must be a number or 'auto' (got {alpha!r}).")
+        if l1 < 0:
+            raise ConfigError(f"method.l1 must be non-negative (got {l1}).")
+        self.l1 = float(l1)
         self.variant = variant
         self.alpha_setting = alpha
         self.alpha = float(alpha) if not isinstance(alpha, str) else float("nan")
@@ -82,13 +94,8 @@ class DIANA(GradientMethod):
         if self.alpha_setting == "auto":
             self.alpha = 1.0 / (omega + 1.0)
         if self.lr_setting == "auto":
-            if self.variant in ("lsvrg", "saga"):
-                self.lr = 1.0 / (self.sample_smoothness() * (1 + 36 * (omega + 1) / n))
-            else:
-                L = self.smoothness()
-                self.lr = 1.0 / (L * (1 + 2 * omega / n))
-                if self.l2 > 0:
-                    self.lr = min(self.lr, self.alpha / (2 * self.l2))
+            L = self.sample_smoothness() if self.variant in ("lsvrg", "saga") else self.smoothness()
+            self.lr = vr_diana_step(smoothness=L, omega=omega, num_clients=n)
         log.info("%s: alpha %.4g, step %.4g (compressor %s)", type(self).__name__, self.alpha, self.lr, meta)
 
     # ------------------------------------------------------------------ client side
@@ -128,8 +135,7 @@ class DIANA(GradientMethod):
                 store.set(client_id, "svrg_w", w)
                 store.set(client_id, "svrg_mu", self.flat_gradient(w, feats, targets))
             g = g_x - self.flat_gradient(w, feats[idx], targets[idx]) + store.get(client_id, "svrg_mu")
-            coin = torch.rand((), generator=self.generator(round_idx, client_id, "svrg_coin"))
-            if float(coin) < len(idx) / m:
+            if self.reference_coin(round_idx):
                 store.set(client_id, "svrg_w", x_flat.detach().clone())
                 store.set(client_id, "svrg_mu", self.flat_gradient(x_flat, feats, targets))
             return g
@@ -157,6 +163,28 @@ class DIANA(GradientMethod):
             loss = self.local_loss(self.client_model, feats, targets)
         return ClientResult(upload=g - h, num_samples=len(targets), loss=loss.detach())
 
+    def reference_coin(self, round_idx: int) -> bool:
+        """Algorithm 2's ``u^k``: one coin per round, 1 with probability ``1/m`` (``m = max_i m_i``).
+
+        Drawn from the server's stream of the round, so every client sees the same value (it
+        travels with the broadcast; its one bit is not counted).
+        """
+        if getattr(self, "_coin", (None, False))[0] != round_idx:
+            if getattr(self, "_max_m", None) is None:
+                self._max_m = max(len(self.client_data(c)[1]) for c in range(self.num_clients))
+            m = self._max_m
+            draw = float(torch.rand((), generator=self.generator(round_idx, SERVER, "svrg_coin")))
+            self._coin = (round_idx, draw < 1.0 / m)
+        return self._coin[1]
+
+    def objective(self) -> float:
+        """``(1/n) Σ_i f_i(x) + R(x)`` with ``R = l1‖x‖₁``."""
+        value = super().objective()
+        if self.l1:
+            with torch.no_grad():
+                value += self.l1 * float(sum(p.abs().sum() for p in self.model.parameters()))
+        return value
+
     # ------------------------------------------------------------------ server side
     def on_upload_decoded(self, *, client_id: int, round_idx: int, decoded: Tensor) -> None:
         """Both sides apply h_i ← h_i + α Δ̂_i with the decoded message."""
@@ -172,7 +200,11 @@ class DIANA(GradientMethod):
         if h is None:
             h = torch.zeros_like(mean)
         self.client_state.set(SERVER, "diana_h", h + self.alpha * mean * aggregator.count / self.num_clients)
-        return -self.lr * (h + mean)
+        step = -self.lr * (h + mean)
+        if not self.l1:
+            return step
+        x = flat_parameters(self.model).to(step.device)
+        return soft_threshold(x + step, self.lr * self.l1) - x  # x ← prox_{γR}(x − γ g)
 
 
 class VRDIANA(DIANA):
@@ -182,6 +214,24 @@ class VRDIANA(DIANA):
         if variant not in ("lsvrg", "saga"):
             raise ConfigError(f"VR-DIANA's variant is 'lsvrg' or 'saga' (got {variant!r}).")
         super().__init__(variant=variant, **kwargs)
+
+
+def vr_diana_step(*, smoothness: float, omega: float, num_clients: int) -> float:
+    """γ = 1/(L(1 + 36(ω + 1)/n)), Theorem 3.5.4 of arXiv 2207.00392.
+
+    >>> vr_diana_step(smoothness=2.0, omega=0.0, num_clients=36)
+    0.25
+    """
+    return 1.0 / (smoothness * (1.0 + 36.0 * (omega + 1.0) / num_clients))
+
+
+def soft_threshold(x: Tensor, tau: float) -> Tensor:
+    """``prox_{τ‖·‖₁}(x) = sign(x) max(|x| − τ, 0)``.
+
+    >>> soft_threshold(torch.tensor([1.5, 0.2, -3.0]), 1.0).tolist()
+    [0.5, 0.0, -2.0]
+    """
+    return torch.sign(x) * (x.abs() - tau).clamp(min=0.0)
 
 
 def _unique_last(idx: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,303 @@
+"""Distributed SGD with compressed gradients, as in the thesis's chapters 2, 4 and 5 (arXiv 2207.00392).
+
+``n`` workers hold equal IID shards; every step each computes a mini-batch gradient at the
+shared ``x``, compresses it with an operator of :mod:`fedlightning.compression` (per parameter
+tensor, the authors' convention) and sends it; the master averages the decoded vectors and,
+with ``--master <op>``, broadcasts ``C_M`` of the aggregate (Algorithm 1: no memory, every node
+applies the same decoded step). Error feedback (Algorithm 4/6) compresses ``e_i + η g_i`` and
+keeps what was dropped. Bits are those of the messages themselves (``message.num_bits``).
+
+Two workloads:
+
+* ``mnist``: the thesis's MNIST network (two fully connected layers with ReLU, 784-h-10, h = 64
+  by default to fit a shared CPU),
+  4 workers, batch 32 per worker, plain SGD; test accuracy against uplink bits.
+* ``digits``: ℓ2-regularised multinomial logistic regression on scikit-learn's digits (the
+  whole 1,797 images, 4 workers, full local gradients: compressed gradient descent); the
+  suboptimality ``f(x) − f*`` against uplink bits, ``f*`` from L-BFGS.
+
+    python benchmarks/distributed_sgd.py mnist --data-root ../shared/data --epochs 1 \\
+        --ops none natural top_k_ef induced --out outputs/dsgd/mnist.jsonl
+    python benchmarks/distributed_sgd.py digits --steps 300 --out outputs/dsgd/digits.jsonl
+
+Each run appends one JSON line per evaluation: workload, operator, step, uplink/downlink bits
+so far and the metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fedlightning.compression import (
+    Blockwise,
+    Compressor,
+    GradientSparsification,
+    Identity,
+    InducedCompressor,
+    NaturalCompression,
+    NaturalDithering,
+    RandK,
+    StandardDithering,
+    TernGrad,
+    TopK,
+    TopKThen,
+)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """An uplink operator and whether the workers keep error-feedback memory."""
+
+    build: Callable[[float], Compressor]
+    error_feedback: bool = False
+
+
+def schemes(density: float) -> dict[str, Scheme]:
+    """The compared uplink schemes; sparsifiers keep ``density`` of each tensor (equal budgets)."""
+    half = density / 2
+    return {
+        "none": Scheme(lambda h: Identity()),
+        "natural": Scheme(lambda h: NaturalCompression()),
+        "natural_dithering": Scheme(lambda h: NaturalDithering(p=2, s=8)),
+        "standard_dithering": Scheme(lambda h: StandardDithering(p=2, s=128)),
+        "terngrad": Scheme(lambda h: TernGrad()),
+        "top_k": Scheme(lambda h: TopK(fraction=h)),
+        "top_k_ef": Scheme(lambda h: TopK(fraction=h), error_feedback=True),
+        "rand_k": Scheme(lambda h: RandK(fraction=h)),
+        "grad_spars": Scheme(lambda h: GradientSparsification(fraction=h)),
+        "induced": Scheme(lambda h: InducedCompressor(TopK(fraction=half), GradientSparsification(fraction=half))),
+        "top_k_natural_ef": Scheme(
+            lambda h: TopKThen(NaturalDithering(p=math.inf, s=2), fraction=h), error_feedback=True
+        ),
+    }
+
+
+def flat_grad(model: nn.Module) -> Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])  # type: ignore[union-attr]
+
+
+def add_flat_(model: nn.Module, step: Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            n = p.numel()
+            p.add_(step[offset : offset + n].view_as(p))
+            offset += n
+
+
+class Workers:
+    """``n`` workers' compression state: operator, error memories, generators, bit counters."""
+
+    def __init__(self, op: Compressor, sizes: list[int], n: int, error_feedback: bool, seed: int) -> None:
+        self.op = Blockwise(op, sizes) if len(sizes) > 1 else op
+        self.ef = error_feedback
+        self.memory = [torch.zeros(sum(sizes)) for _ in range(n)]
+        self.gens = [torch.Generator().manual_seed(seed * 1000 + i) for i in range(n)]
+        self.bits = 0
+
+    def send(self, i: int, step: Tensor) -> Tensor:
+        """Worker ``i`` sends ``step`` (= −η g_i); returns what the master decodes."""
+        v = self.memory[i] + step if self.ef else step
+        message = self.op.compress(v, self.gens[i])
+        self.bits += message.num_bits
+        decoded = message.decode()
+        if self.ef:
+            self.memory[i] = v - decoded
+        return decoded
+
+
+def run_mnist(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) -> None:
+    from fedlightning.datamodules.mnist import read_idx
+
+    raw = Path(args.data_root) / "MNIST" / "raw"
+    xtr = torch.from_numpy(read_idx(raw / "train-images-idx3-ubyte").astype(np.float32) / 255.0).reshape(-1, 784)
+    ytr = torch.from_numpy(read_idx(raw / "train-labels-idx1-ubyte").astype(np.int64))
+    xte = torch.from_numpy(read_idx(raw / "t10k-images-idx3-ubyte").astype(np.float32) / 255.0).reshape(-1, 784)
+    yte = torch.from_numpy(read_idx(raw / "t10k-labels-idx1-ubyte").astype(np.int64))
+    mean, std = 0.1307, 0.3081
+    xtr, xte = (xtr - mean) / std, (xte - mean) / std
+    torch.manual_seed(args.seed)
+    model = nn.Sequential(nn.Linear(784, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    sizes = [p.numel() for p in model.parameters()]
+    n = args.workers
+    perm = torch.randperm(len(ytr), generator=torch.Generator().manual_seed(args.seed))
+    shards = perm.chunk(n)
+    workers = Workers(scheme.build(args.density), sizes, n, scheme.error_feedback, args.seed)
+    master = Blockwise(build_master(args.master), sizes) if args.master != "none" else None
+    master_gen = torch.Generator().manual_seed(args.seed * 1000 + 999)
+    down_bits = 0
+    steps_per_epoch = min(len(s) for s in shards) // args.batch
+    loss_fn = nn.CrossEntropyLoss()
+    started = time.perf_counter()
+    step = 0
+    for epoch in range(args.epochs):
+        orders = [
+            s[torch.randperm(len(s), generator=torch.Generator().manual_seed(epoch * 7 + i))]
+            for i, s in enumerate(shards)
+        ]
+        for b in range(steps_per_epoch):
+            total = torch.zeros(sum(sizes))
+            for i in range(n):
+                idx = orders[i][b * args.batch : (b + 1) * args.batch]
+                model.zero_grad()
+                loss_fn(model(xtr[idx]), ytr[idx]).backward()
+                total += workers.send(i, -args.lr * flat_grad(model))
+            aggregate = total / n
+            if master is not None:
+                message = master.compress(aggregate, master_gen)
+                down_bits += message.num_bits * n  # one broadcast, heard by each of the n workers
+                aggregate = message.decode()
+            else:
+                down_bits += 32 * aggregate.numel() * n
+            add_flat_(model, aggregate)
+            step += 1
+            last = (epoch == args.epochs - 1 and b == steps_per_epoch - 1) or step == args.max_steps
+            if step % args.eval_every == 0 or last:
+                with torch.no_grad():
+                    acc = float((model(xte).argmax(1) == yte).float().mean())
+                    train_loss = float(loss_fn(model(xtr[:10000]), ytr[:10000]))
+                record(
+                    out,
+                    workload="mnist",
+                    op=name,
+                    master=args.master,
+                    lr=args.lr,
+                    density=args.density,
+                    step=step,
+                    epoch=step / steps_per_epoch,
+                    up_bits=workers.bits,
+                    down_bits=down_bits,
+                    test_acc=acc,
+                    train_loss=train_loss,
+                    seconds=time.perf_counter() - started,
+                )
+            if step == args.max_steps:
+                return
+
+
+def build_master(name: str) -> Compressor:
+    return {"natural": NaturalCompression(), "natural_dithering": NaturalDithering(p=2, s=8)}[name]
+
+
+def run_digits(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) -> None:
+    from sklearn.datasets import load_digits
+
+    x_np, y_np = load_digits(return_X_y=True)
+    x = torch.from_numpy(x_np / 16.0).double()
+    y = torch.from_numpy(y_np).long()
+    l2 = args.l2
+    model = nn.Linear(64, 10).double()
+    nn.init.zeros_(model.weight)
+    nn.init.zeros_(model.bias)
+    sizes = [p.numel() for p in model.parameters()]
+
+    def objective(xs: Tensor, ys: Tensor) -> Tensor:
+        return nn.functional.cross_entropy(model(xs), ys) + 0.5 * l2 * sum((p * p).sum() for p in model.parameters())
+
+    f_star = optimum(x, y, l2)
+    n = args.workers
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(args.seed))
+    shards = perm.chunk(n)
+    # L of each worker's objective: ½ λ_max(AᵀA/m) (softmax Hessian ≤ ½ I) + l2, bias column included
+    big_l = max(
+        0.5
+        * float(
+            torch.linalg.eigvalsh(
+                torch.cat([x[s], torch.ones(len(s), 1, dtype=torch.float64)], 1).T
+                @ torch.cat([x[s], torch.ones(len(s), 1, dtype=torch.float64)], 1)
+                / len(s)
+            )[-1]
+        )
+        + l2
+        for s in shards
+    )
+    lr = args.lr if args.lr > 0 else 1.0 / big_l
+    workers = Workers(scheme.build(args.density), sizes, n, scheme.error_feedback, args.seed)
+    for step in range(args.steps + 1):
+        if step % args.eval_every == 0 or step == args.steps:
+            with torch.no_grad():
+                gap = float(objective(x, y)) - f_star
+            record(
+                out,
+                workload="digits",
+                op=name,
+                lr=lr,
+                density=args.density,
+                step=step,
+                up_bits=workers.bits,
+                suboptimality=gap,
+            )
+        if step == args.steps:
+            break
+        total = torch.zeros(sum(sizes))
+        for i, s in enumerate(shards):
+            model.zero_grad()
+            objective(x[s], y[s]).backward()
+            g = flat_grad(model).float()
+            total += workers.send(i, -lr * g)
+        add_flat_(model, (total / n).double())
+
+
+def optimum(x: Tensor, y: Tensor, l2: float) -> float:
+    """f* of the regularised multinomial logistic loss (L-BFGS, float64)."""
+    model = nn.Linear(64, 10).double()
+    opt = torch.optim.LBFGS(model.parameters(), lr=1, max_iter=1000, tolerance_grad=1e-14, tolerance_change=1e-16)
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y) + 0.5 * l2 * sum((p * p).sum() for p in model.parameters())
+        loss.backward()
+        return loss
+
+    for _ in range(5):
+        opt.step(closure)
+    with torch.no_grad():
+        return float(
+            nn.functional.cross_entropy(model(x), y) + 0.5 * l2 * sum((p * p).sum() for p in model.parameters())
+        )
+
+
+def record(out: Path, **fields: object) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as handle:
+        handle.write(json.dumps(fields) + "\n")
+    print(json.dumps(fields), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workload", choices=["mnist", "digits"])
+    parser.add_argument("--ops", nargs="+", default=list(schemes(0.01)))
+    parser.add_argument("--density", type=float, default=0.01, help="kept fraction of each tensor (sparsifiers)")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=64, help="hidden units of the MNIST network")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.1, help="step size (digits: <= 0 means 1/L)")
+    parser.add_argument("--l2", type=float, default=1e-3)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--max-steps", type=int, default=0, help="mnist: stop after this many steps (0: all epochs)")
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--master", default="none", choices=["none", "natural", "natural_dithering"])
+    parser.add_argument("--data-root", default="../shared/data")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("outputs/dsgd/results.jsonl"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    table = schemes(args.density)
+    for name in args.ops:
+        (run_mnist if args.workload == "mnist" else run_digits)(args, name, table[name], args.out)
+
+
+if __name__ == "__main__":
+    main()
