@@ -174,7 +174,7 @@ def test_engine_contract() -> None:
     for hook in ("configure_optimizers", "training_step", "on_train_batch_end", "on_test_epoch_end"):
         assert hook not in vars(EFLoPS), hook  # the engine's round and Lightning's hooks are not overridden
     assert [type(cb) for cb in module.configure_callbacks()] == [SparseModelReport]
-    assert set(module.server_metrics(0)) == {"eflops/lambda", "eflops/mean_prob_nonzero"}
+    assert set(module.server_metrics(1)) == {"eflops/lambda", "eflops/mean_prob_nonzero", "eflops/temperature"}
     with pytest.raises(ConfigError, match="gated sparse values"):
         module.uplink_channel.attach(Sign())  # a dense operator does not understand the gated message
     with pytest.raises(ConfigError, match="aggregation"):
@@ -282,10 +282,10 @@ def golub_cfg(make_config: Callable[..., object], shared_data_root: Path) -> Cal
 
 def test_golub_quick_run(golub_cfg: Callable[..., object], tmp_path: Path) -> None:
     summary = run(golub_cfg("rounds=3"), tmp_path)  # type: ignore[arg-type]
-    dim, m = 2 * 3571 + 2, int(0.02 * (2 * 3571 + 2))
+    dim, m = 3571 + 1, int(0.02 * (3571 + 1))  # the one-output logistic model: m = 71
     # final_support=top_m: the evaluated model keeps exactly the m communicated coordinates
     assert summary["model/nonzero"] == m and summary["model/density"] == pytest.approx(m / dim)
-    assert summary["model/macs"] <= summary["model/nonzero"] and summary["model/macs_dense"] == 2 * 3571
+    assert summary["model/macs"] <= summary["model/nonzero"] and summary["model/macs_dense"] == 3571
     assert summary["test/acc"] is not None
     # every message is sparse: far below dense float32, both directions
     assert summary["comm/uplink_compression"] > 10 and summary["comm/downlink_compression"] > 10
@@ -323,10 +323,10 @@ def test_density_estimators_and_priors_run(golub_cfg: Callable[..., object], tmp
 def test_golub_density_reaches_target(golub_cfg: Callable[..., object], tmp_path: Path) -> None:
     """After the full 30 rounds the evaluated density is within 10% of rho (0.9 rho <= density <= rho).
 
-    With ``final_support=top_m`` it keeps exactly m = 142 non-zeros (m/|theta| = 0.01988);
-    the old ``test_gate`` rule kept 0.0172 on average over 30 seeds (129 of 142 on seed 0).
+    With ``final_support=top_m`` it keeps exactly m = 71 non-zeros of the logistic model's
+    3,572 (m/|theta| = 0.01988).
     """
-    rho, dim = 0.02, 2 * 3571 + 2
+    rho, dim = 0.02, 3571 + 1
     m = int(rho * dim)
     for seed in (0, 1):
         summary = run(golub_cfg("rounds=30", f"seed={seed}", "eval_every=1000"), tmp_path / str(seed))  # type: ignore[arg-type]
