@@ -49,14 +49,15 @@ SGD = "method.client_optimizer._target_=torch.optim.SGD"
 LRS = (0.01, 0.03)
 GRIDS: dict[str, list[list[str]]] = {
     "eflops": [
-        [SGD, f"method.client_optimizer.lr={lr}", "method.lambda_lr=10", f"method.temperature={t}"]
+        [SGD, f"method.client_optimizer.lr={lr}", f"method.lambda_lr={step}", "method.temperature=0.001"]
         for lr in LRS
-        for t in (0.001, 0.1)
+        for step in (10, 100, 1000)
     ],
     "fediht": [[SGD, f"method.client_optimizer.lr={lr}"] for lr in LRS],
     "fedavg_prune": [[SGD, f"method.client_optimizer.lr={lr}"] for lr in LRS],
 }
 ABLATIONS: dict[str, list[str]] = {
+    "off-support gates resumed from a per-tensor mean (previous default)": ["method.off_support_gates=resume"],
     "no entropy term (T = 0)": ["method.temperature=0"],
     "strong entropy term (T = 10)": ["method.temperature=10"],
     "strong entropy term (T = 100)": ["method.temperature=100"],

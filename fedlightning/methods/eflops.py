@@ -5,23 +5,24 @@ arXiv 1712.01312) and the network uses θ = θ̃ ⊙ z. Each client runs local S
 
     L = (1/n_k) Σ_i ℓ(h(x_i; θ̃ ⊙ z), y_i) + λ c(φ) + T_t (1/|θ|) Σ_j KL(q(z_j) ‖ p(z_j)),
 
-one gate sample per mini-batch, with the L0 density constraint c = D(φ) − ρ, where
-D(φ) = (1/|θ|) Σ_j P(z_j ≠ 0) is the expected fraction of open gates, and after every step
-ascends the multiplier, λ ← λ + η_λ c (:func:`dual_ascent_step`). The multiplier enforces a
+one gate sample per mini-batch, with the L0 density constraint c = D(φ) − ρ, D(φ) =
+(1/|θ|) Σ_j P(z_j ≠ 0), and after every step λ ← λ + η_λ c (:func:`dual_ascent_step`). The multiplier enforces a
 user-given *target* density, so the constraint is D = ρ and λ is free in sign
 (``constraint="inequality"``: D ≤ ρ, λ ≥ 0). q(z_j) = Bernoulli(P(z_j ≠ 0)), p = Bernoulli(ρ)
 (``prior``); T_t follows ``temperature_schedule`` (:func:`annealed_temperature`; the text names
 no schedule, so the default is constant).
 
 Communication: every message carries the top-m coordinates, m = ⌊ρ |θ|⌋ (index-coded
-positions, θ̃ and π = P(z ≠ 0) as float32; coordinates of score 0 are never sent), λ, and one
-off-support π per parameter tensor (``off_support_gates="resume"``). The server rebuilds θ̃
-and π̄ as sample-weighted means over the senders and recovers log α from π̄ (the gate noise is
-not communicated). The evaluated network is θ̃ ⊙ E[z] pruned to its m largest magnitudes.
+positions, θ̃ and π = P(z ≠ 0) as float32; coordinates of score 0 are never sent) and λ. A
+gate no message carries is closed on both sides (``off_support_gates="closed"``; round 1 starts
+from the shared open initial gates with λ held), so D counts the gates the model holds. The
+server rebuilds θ̃ and π̄ as sample-weighted means over the senders and recovers log α from π̄.
+The evaluated network is θ̃ ⊙ E[z] pruned to its m largest magnitudes.
 
 Departures from the text are named options, measured in ``benchmarks/results/eflops.md``:
 ``constraint_scale`` (log D − log ρ, D/ρ − 1), ``penalty`` (augmented Lagrangian (μ/2) c²),
-``density_estimator="expected_gate"``, ``prior="uniform"``, and an Adam ``client_optimizer``.
+``density_estimator="expected_gate"``, ``prior="uniform"``, ``off_support_gates="resume"``
+(a per-tensor mean π off the support) and an Adam ``client_optimizer``.
 """
 
 from __future__ import annotations
@@ -449,7 +450,9 @@ class EFLoPS(FederatedModule):
         off_support: θ̃ off the broadcast support: its initial value (``"init"``, from the shared
             seed, no bits) or 0 (``"zero"``).
         constraint: ``"equality"`` (D = ρ, λ free in sign) or ``"inequality"`` (D ≤ ρ, λ ≥ 0).
-        off_support_gates: ``"resume"`` (one off-support mean π per tensor in every message) or
+        off_support_gates: ``"closed"`` (a gate no message carries is closed, log α = ``log_alpha_min``,
+            on both sides; in round 1 every gate starts at ``log_alpha_init`` and λ is held, a
+            screening round), ``"resume"`` (one off-support mean π per tensor in every message) or
             ``"reset"`` (off-support log α restarts at ``log_alpha_init``, non-senders count as closed).
         constraint_scale: c = D − ρ (``"absolute"``, the text), D/ρ − 1 (``"relative"``) or
             log D − log ρ (``"log"``).
@@ -487,7 +490,7 @@ class EFLoPS(FederatedModule):
         selection: Literal["expected_magnitude", "test_gate"] = "expected_magnitude",
         off_support: Literal["init", "zero"] = "init",
         constraint: Literal["inequality", "equality"] = "equality",
-        off_support_gates: Literal["resume", "reset"] = "resume",
+        off_support_gates: Literal["closed", "resume", "reset"] = "closed",
         constraint_scale: Literal["log", "relative", "absolute"] = "absolute",
         gate_aggregation: Literal["senders", "all"] = "senders",
         penalty: float = 0.0,
@@ -507,7 +510,7 @@ class EFLoPS(FederatedModule):
             "selection": (selection, ("expected_magnitude", "test_gate")),
             "off_support": (off_support, ("init", "zero")),
             "constraint": (constraint, ("inequality", "equality")),
-            "off_support_gates": (off_support_gates, ("resume", "reset")),
+            "off_support_gates": (off_support_gates, ("closed", "resume", "reset")),
             "constraint_scale": (constraint_scale, tuple(CONSTRAINT_SCALES)),
             "gate_aggregation": (gate_aggregation, ("senders", "all")),
             "final_support": (final_support, ("top_m", "test_gate")),
@@ -603,8 +606,10 @@ class EFLoPS(FederatedModule):
         pi_off = off_support_means(pi, support, self.group_sizes, self.pi_min) if self.num_groups else None
         return pack_gate_state(theta, pi, support, lagrange, pi_off)
 
-    def _off_support_log_alpha(self, pi_off: Tensor, like: Tensor) -> Tensor:
+    def _off_support_log_alpha(self, pi_off: Tensor, like: Tensor, round_idx: int = 1) -> Tensor:
         """log α that a coordinate outside the support takes (and its π when counted by the server)."""
+        if self.off_support_gates == "closed":  # not carried: closed, except the shared initial state of round 1
+            return torch.full_like(like, self.log_alpha_init if round_idx < 1 else self.hc.log_alpha_min)
         if not self.num_groups:
             return torch.full_like(like, self.log_alpha_init)
         pi = expand_groups(pi_off.clamp(self.pi_min, 1.0 - 1e-7), self.group_sizes)
@@ -645,12 +650,12 @@ class EFLoPS(FederatedModule):
         }
 
     # ------------------------------------------------------------------ client
-    def _rebuild_client(self, received: Tensor) -> tuple[Tensor, Tensor, float]:
+    def _rebuild_client(self, received: Tensor, round_idx: int = 1) -> tuple[Tensor, Tensor, float]:
         theta_s, pi, support, pi_off, lam = unpack_gate_state(received, self.num_groups)
         theta_init: Tensor = self.theta_init  # type: ignore[assignment]  # a registered buffer
         off = theta_init.to(received.device) if self.off_support == "init" else torch.zeros_like(theta_s)
         theta = torch.where(support, theta_s, off)
-        log_alpha = self._off_support_log_alpha(pi_off, pi)
+        log_alpha = self._off_support_log_alpha(pi_off, pi, round_idx)
         if support.any():
             log_alpha[support] = self.hc.log_alpha_from_prob_nonzero(pi[support])
         return theta, log_alpha, float(lam)
@@ -658,7 +663,7 @@ class EFLoPS(FederatedModule):
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
         """Local primal steps on (θ̃, log α) by :meth:`local_train`, dual ascent on λ after each step."""
         model = self.client_model
-        theta, log_alpha0, lam = self._rebuild_client(received)
+        theta, log_alpha0, lam = self._rebuild_client(received, round_idx)
         assign_flat_(model, theta)
         model.train()
         log_alpha = log_alpha0.clone().requires_grad_(True)
@@ -671,6 +676,7 @@ class EFLoPS(FederatedModule):
         )
         gate_gen = self.generator(round_idx, client_id, "gates")
         temperature = self.temperature_at(round_idx)
+        screening = self.off_support_gates == "closed" and round_idx < 1
 
         def batch_loss(x: Tensor, y: Tensor) -> Tensor:
             """One gate sample per mini-batch; data loss + λ c + (μ/2) c² + T · KL."""
@@ -697,6 +703,8 @@ class EFLoPS(FederatedModule):
             self.hc.clamp_(log_alpha)
             assert local.density is not None
             c = float(self.constraint_value(local.density))
+            if screening:  # round 1 of "closed": every gate open, a screening step; λ waits for the support
+                return
             local.lagrange = dual_ascent_step(
                 local.lagrange, c, self.lambda_lr, nonnegative=self.constraint == "inequality"
             )
