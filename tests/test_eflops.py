@@ -165,7 +165,8 @@ def test_streaming_sums_add_across_processes() -> None:
 
 def test_engine_contract() -> None:
     """Gated sparse payloads both ways, a set server state, the sparse report as a model callback."""
-    module = _module()
+    assert _module().uplink_numel == 2 * 54 + 1  # the default "closed": no off-support statistics
+    module = _module(off_support_gates="resume")
     assert module.sets_server_state and module.supported_aggregation == ("normalised",)
     for channel in (module.uplink_channel, module.downlink_channel):
         assert channel.payload is Payload.GATED_SPARSE and isinstance(channel.codec, GateMessageCodec)
@@ -174,7 +175,7 @@ def test_engine_contract() -> None:
     for hook in ("configure_optimizers", "training_step", "on_train_batch_end", "on_test_epoch_end"):
         assert hook not in vars(EFLoPS), hook  # the engine's round and Lightning's hooks are not overridden
     assert [type(cb) for cb in module.configure_callbacks()] == [SparseModelReport]
-    assert set(module.server_metrics(0)) == {"eflops/lambda", "eflops/mean_prob_nonzero"}
+    assert set(module.server_metrics(1)) == {"eflops/lambda", "eflops/mean_prob_nonzero", "eflops/temperature"}
     with pytest.raises(ConfigError, match="gated sparse values"):
         module.uplink_channel.attach(Sign())  # a dense operator does not understand the gated message
     with pytest.raises(ConfigError, match="aggregation"):
@@ -207,8 +208,11 @@ def test_client_update_runs_through_the_engine_routine() -> None:
 
     module.local_train = spy  # type: ignore[method-assign,assignment]
     received = GateMessageCodec(num_groups=module.num_groups).encode(module.broadcast_state(0)).decode()
-    first = module.client_update(client_id=0, round_idx=0, received=received)
-    again = module.client_update(client_id=0, round_idx=0, received=received)
+    screening = module.client_update(client_id=0, round_idx=0, received=received)
+    assert float(unpack_gate_state(screening.upload, module.num_groups)[-1]) == 0.0  # first round: λ held
+    calls.clear()
+    first = module.client_update(client_id=0, round_idx=1, received=received)
+    again = module.client_update(client_id=0, round_idx=1, received=received)
     assert len(calls) == 2 and torch.equal(first.upload, again.upload)
     groups = calls[0]["params"]
     assert isinstance(groups, list) and groups[1]["lr"] == module.log_alpha_lr
@@ -282,10 +286,10 @@ def golub_cfg(make_config: Callable[..., object], shared_data_root: Path) -> Cal
 
 def test_golub_quick_run(golub_cfg: Callable[..., object], tmp_path: Path) -> None:
     summary = run(golub_cfg("rounds=3"), tmp_path)  # type: ignore[arg-type]
-    dim, m = 2 * 3571 + 2, int(0.02 * (2 * 3571 + 2))
+    dim, m = 3571 + 1, int(0.02 * (3571 + 1))  # the one-output logistic model: m = 71
     # final_support=top_m: the evaluated model keeps exactly the m communicated coordinates
     assert summary["model/nonzero"] == m and summary["model/density"] == pytest.approx(m / dim)
-    assert summary["model/macs"] <= summary["model/nonzero"] and summary["model/macs_dense"] == 2 * 3571
+    assert summary["model/macs"] <= summary["model/nonzero"] and summary["model/macs_dense"] == 3571
     assert summary["test/acc"] is not None
     # every message is sparse: far below dense float32, both directions
     assert summary["comm/uplink_compression"] > 10 and summary["comm/downlink_compression"] > 10
@@ -323,10 +327,10 @@ def test_density_estimators_and_priors_run(golub_cfg: Callable[..., object], tmp
 def test_golub_density_reaches_target(golub_cfg: Callable[..., object], tmp_path: Path) -> None:
     """After the full 30 rounds the evaluated density is within 10% of rho (0.9 rho <= density <= rho).
 
-    With ``final_support=top_m`` it keeps exactly m = 142 non-zeros (m/|theta| = 0.01988);
-    the old ``test_gate`` rule kept 0.0172 on average over 30 seeds (129 of 142 on seed 0).
+    With ``final_support=top_m`` it keeps exactly m = 71 non-zeros of the logistic model's
+    3,572 (m/|theta| = 0.01988).
     """
-    rho, dim = 0.02, 2 * 3571 + 2
+    rho, dim = 0.02, 3571 + 1
     m = int(rho * dim)
     for seed in (0, 1):
         summary = run(golub_cfg("rounds=30", f"seed={seed}", "eval_every=1000"), tmp_path / str(seed))  # type: ignore[arg-type]
@@ -380,3 +384,48 @@ def test_mnist_cnn_quick_smoke(make_config: Callable[..., object], shared_data_r
 def test_golub_eflops_accuracy_over_seeds(golub_cfg: Callable[..., object], tmp_path: Path) -> None:
     accs = [run(golub_cfg("rounds=30", f"seed={s}"), tmp_path / str(s))["test/acc"] for s in range(5)]  # type: ignore[arg-type]
     assert sum(accs) / len(accs) >= 0.85
+
+
+def test_expected_density_matches_target_and_support_gates_are_open(
+    make_config: Callable[..., object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Synthetic sparse regression (|θ| = 301, k = 6, N/|θ| = 0.5, ρ = 0.02, m = 6), 10 rounds.
+
+    The expected density of the server's gates, mean_j P(z_j ≠ 0), is within 10% of ρ, every
+    kept coordinate has an open gate (P(z ≠ 0) ≥ 0.9) and a weight far from zero (|w| ≥ 0.03;
+    the non-zero truth weights are of order 1). With ``off_support_gates=resume`` (off-support
+    gates restarted from a per-tensor mean) the same run ends at D ≈ ρ/2 with min |w| ≈ 3e-4:
+    the budget is then held by thousands of almost-closed gates, which this test refuses.
+    """
+    states: list[EFLoPS] = []
+    rebuild = EFLoPS.set_server_state
+
+    def capture(self: EFLoPS, **kwargs: object) -> None:
+        rebuild(self, **kwargs)  # type: ignore[arg-type]
+        states[:] = [self]
+
+    monkeypatch.setattr(EFLoPS, "set_server_state", capture)
+    cfg = make_config(
+        [
+            "+experiment=sparse_regression_eflops",
+            "data.num_features=300",
+            "data.sparsity=6",
+            "data.samples_per_parameter=0.5",
+            "data.num_test=200",
+            "data.val_fraction=0",
+            "method.density=0.02",
+            "method.lambda_lr=1000",
+            "rounds=10",
+            "eval_every=1000",
+        ]
+    )
+    summary = run(cfg, tmp_path)  # type: ignore[arg-type]
+    module = states[0]
+    pi = module.hc.prob_nonzero(module.log_alpha.detach())
+    rho = 0.02
+    assert abs(float(pi.mean()) - rho) <= 0.1 * rho, float(pi.mean())
+    assert module.m == 6 and float(torch.topk(pi, module.m).values.min()) >= 0.9
+    features = json.loads((tmp_path / "selected_features.json").read_text())["features"]
+    weights = [w for f in features for w in f["weights"]]
+    assert len(weights) >= 5 and min(abs(w) for w in weights) >= 0.03, weights
+    assert summary["model/nonzero"] == 6

@@ -100,7 +100,7 @@ def test_golub_baselines_hit_density(
         ["+experiment=golub_eflops_quick", f"method={method}", f"data.root={shared_data_root}", "rounds=2", *extra]
     )
     summary = run(cfg, tmp_path)  # type: ignore[arg-type]
-    dim = 2 * 3571 + 2
+    dim = 3571 + 1  # the one-output logistic model of golub_eflops
     assert summary["model/density"] == pytest.approx(int(0.02 * dim) / dim, abs=2 / dim)
     dense_up = method == "fedavg_prune" or extra
     assert (summary["comm/uplink_compression"] == pytest.approx(1.0)) == bool(dense_up)

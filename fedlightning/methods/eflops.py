@@ -1,92 +1,28 @@
-"""E-FLoPS: entropy-regularised federated learning with probabilistic (hard-concrete) gates.
+"""E-FLoPS: entropy-regularised federated learning with probabilistic gates (arXiv 2607.00275).
 
-Paper: Kovelakuntla Huthasana, Olama, Lundell, "Entropy-Regularized Probabilistic Gates for
-Sparse Model Discovery in Scarce-Data Federated Learning", arXiv 2607.00275 (2026); its
-predecessor FLoPS is arXiv 2512.23071. Gates: Louizos et al., arXiv 1712.01312. No public
-code exists; every choice the paper leaves open is documented below and is a constructor
-argument (``configs/method/eflops.yaml``).
+Every parameter j has a hard-concrete gate z_j with parameter φ_j = log α_j (Louizos et al.,
+arXiv 1712.01312) and the network uses θ = θ̃ ⊙ z. Each client runs local SGD on θ̃ and φ for
 
-Model. Every parameter j has a hard-concrete gate z_j (β = 2/3, γ = −0.1, ζ = 1.1) with
-parameter φ_j = log α_j; the network uses θ = θ̃ ⊙ z. Each client minimises, over θ̃ and φ,
+    L = (1/n_k) Σ_i ℓ(h(x_i; θ̃ ⊙ z), y_i) + λ c(φ) + T_t (1/|θ|) Σ_j KL(q(z_j) ‖ p(z_j)),
 
-    L = (1/n_k) Σ_i ℓ(h(x_i; θ̃ ⊙ z), y_i) + λ c(φ) + (μ/2) c(φ)² + T · (1/|θ|) Σ_j KL(q(z_j ≠ 0) ‖ p)
+one gate sample per mini-batch, with the L0 density constraint c = D(φ) − ρ, D(φ) =
+(1/|θ|) Σ_j P(z_j ≠ 0), and after every step λ ← λ + η_λ c (:func:`dual_ascent_step`). The multiplier enforces a
+user-given *target* density, so the constraint is D = ρ and λ is free in sign
+(``constraint="inequality"``: D ≤ ρ, λ ≥ 0). q(z_j) = Bernoulli(P(z_j ≠ 0)), p = Bernoulli(ρ)
+(``prior``); T_t follows ``temperature_schedule`` (:func:`annealed_temperature`; the text names
+no schedule, so the default is constant).
 
-with one gate sample per mini-batch and the constraint c(φ) = log D(φ) − log ρ, and ascends the
-dual variable λ ← λ + η_λ c after every local step (clients update θ̃, log α and λ locally).
-Open choices (the paper's text leaves them unspecified):
+Communication: every message carries the top-m coordinates, m = ⌊ρ |θ|⌋ (index-coded
+positions, θ̃ and π = P(z ≠ 0) as float32; coordinates of score 0 are never sent) and λ. A
+gate no message carries is closed on both sides (``off_support_gates="closed"``; round 1 starts
+from the shared open initial gates with λ held), so D counts the gates the model holds. The
+server rebuilds θ̃ and π̄ as sample-weighted means over the senders and recovers log α from π̄.
+The evaluated network is θ̃ ⊙ E[z] pruned to its m largest magnitudes.
 
-* ``constraint``: ``"equality"`` (default; D = ρ, λ free in sign: ρ is a *target* density) or
-  ``"inequality"`` (D ≤ ρ, λ projected on λ ≥ 0, the FLoPS max over λ ≥ 0). With the
-  inequality the gates close far below ρ on Golub (0.1–0.5% measured) because the data term
-  alone closes gates whose θ̃ only adds noise.
-* ``constraint_scale``: c = log D − log ρ (``"log"``, default), D/ρ − 1 (``"relative"``) or
-  D − ρ (``"absolute"``): one feasible set, different dual dynamics. With D − ρ a start at
-  D = 0.83 (log α = 0) moves λ ~40× faster up than a density at ρ/2 moves it down.
-* ``penalty`` μ: the augmented-Lagrangian term (μ/2) c² (on max(c, 0) for the inequality).
-  Without it (μ = 0) λ and the Adam-driven gates oscillate (measured on Golub: D swinging
-  between 0.0004 and 0.53 within 30 rounds); μ = 1 damps this.
-
-* ``density_estimator``: D(φ) = mean_j P(z_j ≠ 0) (``"prob_nonzero"``, closed form, Louizos;
-  default) or mean_j E[z_j] (``"expected_gate"``, the FLoPS text; midpoint quadrature).
-* ``prior``: the KL prior on the gate-on event is Bernoulli(ρ) (``"target"``, default: it pulls
-  gates towards the target density without forcing 0/1) or Bernoulli(1/2) (``"uniform"``: the
-  KL is then log 2 minus the gate entropy, i.e. plain entropy maximisation). q is
-  Bernoulli(P(z_j ≠ 0)).
-* learning rates: θ̃ uses ``client_optimizer``; φ its own ``log_alpha_lr`` (a second parameter
-  group of the same optimiser); λ plain (projected, for the inequality) ascent with ``lambda_lr``.
-* log α is clamped to ``[log_alpha_min, log_alpha_max]`` after each step. Louizos' range
-  [log 1e-2, log 1e2] floors P(z ≠ 0) at 0.047, above the targets ρ ≤ 0.025 studied here, so
-  the default range is [−10, 10] (floor 2.3e-4).
-
-Communication (both directions carry the same sparse format, :class:`GateMessageCodec`):
-the positions of m = ⌊ρ |θ|⌋ coordinates (index-coded, ``fedlightning.compression.index_coding``),
-θ̃ and π = P(z ≠ 0) at those positions (float32 each), one off-support statistic per parameter
-tensor (float32, ``"resume"`` only), and λ (float32). The m coordinates are
-the top-m by ``selection``: |θ̃| · P(z ≠ 0) (``"expected_magnitude"``, the constructor default) or
-|θ̃ ⊙ ẑ| with the test-time gate (``"test_gate"``, the default of ``configs/method/eflops.yaml``;
-coordinates with ẑ = 0 tie at score 0 and are filled by the lower index).
-
-* ``off_support_gates="resume"`` (default): every message also carries, per parameter tensor,
-  the mean π of the coordinates outside S (one float32 per tensor: 2 × 32 = 64 bits per
-  message for logistic regression, 8 × 32 = 256 for the MNIST CNN, counted in ``num_bits``).
-  ``"reset"`` (the first version, no extra bits) re-opened every off-support gate to
-  ``log_alpha_init`` each round, so a client's density estimate started at ≈ 0.83 whatever
-  the global state, λ over-shot every round and closed gates of the top-m support: the
-  evaluated model kept 0.012 non-zeros at ρ = 0.02 on Golub.
-* A client rebuilds its model from the broadcast: θ̃ and log α = logit⁻¹ of π on the support;
-  off the support θ̃ is reset to its initial value θ̃⁰ (``off_support="init"``, derived from the
-  run seed that clients and server share, so it costs no bits) or to 0 (``"zero"``), and log α
-  to that tensor's off-support statistic (``"resume"``) or to ``log_alpha_init`` (``"reset"``).
-* The server rebuilds the global model from the uploads: θ̃_j is the sample-weighted mean over
-  the clients that sent j; the gate statistic π̄_j is, with ``gate_aggregation="senders"``
-  (default), also the weighted mean over the senders of j, or with ``"all"`` Σ_k w_k π_kj with
-  a non-sender counted at its off-support statistic (π_min under ``"reset"``), which shrinks
-  π̄ of every coordinate on which the clients' supports disagree; coordinates nobody sent get
-  the weighted mean of the clients' statistics. The global log α is recovered from π̄ (the
-  noise of the gates is not communicated); λ is the weighted mean of the clients' λ. The server
-  keeps the top-m of the rebuilt state for the next broadcast. Weights are the clients' sample
-  counts normalised over the uploaders (the only estimator: dividing by inclusion probabilities
-  is not defined for a rebuilt state). The rebuild replaces the old state, so the method sets
-  its server state itself (``sets_server_state``, no server optimiser); the uploads are folded
-  into fixed-size sums as they arrive (:class:`GatedUploadSums`, the streaming form of
-  :func:`aggregate_gated_uploads`), so server memory does not grow with the cohort.
-* Diagnostics per round: ``eflops/lambda`` and ``eflops/mean_prob_nonzero`` of the global
-  state, and ``eflops/local_density`` (the clients' last local D(φ), mean over the uploaders).
-
-Evaluation (``final_support``; validation, test, ``model/density``, ``model/macs`` and the
-selected features all use this one network; the test-time report is the callback
-:class:`~fedlightning.callbacks.sparse_report.SparseModelReport`). The budget is
-m = ⌊ρ |θ|⌋ coordinates, the size of every message, so the evaluated network keeps exactly m
-of them:
-
-* ``"top_m"`` (default): the mean-field network θ̃ ⊙ E[z] pruned to its m largest magnitudes,
-  θ = (θ̃ ⊙ E[z])_S with S = top-m of |θ̃ ⊙ E[z]| (:func:`gated_top_m`). E[z] is the mean of the
-  gate the network was trained with, computed by the tail integral ∫₀¹ P(z > x) dx
-  (``quadrature_nodes`` midpoints), which is > 0 for every finite log α, so no coordinate of
-  S is zeroed and the density is m/|θ| unless a selected θ̃_j is exactly 0.
-* ``"test_gate"`` (the first version): S = top-m by ``selection`` and θ = θ̃_S ⊙ ẑ_S with
-  Louizos' test-time gate ẑ, which is exactly 0 for P(z ≠ 0) < 0.31: measured on Golub over
-  30 seeds, ≈ 15 of the 142 support gates were closed and the density was 0.0172 at ρ = 0.02.
+Departures from the text are named options, measured in ``benchmarks/results/eflops.md``:
+``constraint_scale`` (log D − log ρ, D/ρ − 1), ``penalty`` (augmented Lagrangian (μ/2) c²),
+``density_estimator="expected_gate"``, ``prior="uniform"``, ``off_support_gates="resume"``
+(a per-tensor mean π off the support) and an Adam ``client_optimizer``.
 """
 
 from __future__ import annotations
@@ -119,12 +55,16 @@ from fedlightning.models.hard_concrete import HardConcrete, bernoulli_kl, unifor
 __all__ = [
     "CONSTRAINT_SCALES",
     "DENSITY_ESTIMATORS",
+    "TEMPERATURE_SCHEDULES",
     "EFLoPS",
     "GateMessageCodec",
     "GatedUploadSums",
     "aggregate_gated_uploads",
+    "annealed_temperature",
+    "dual_ascent_step",
     "expand_groups",
     "gated_top_m",
+    "nonzero_top_m_mask",
     "off_support_means",
     "pack_gate_state",
     "unpack_gate_state",
@@ -205,6 +145,53 @@ CONSTRAINT_SCALES: dict[str, Callable[[Tensor, float], Tensor]] = {
 >>> [round(float(CONSTRAINT_SCALES[k](torch.tensor(0.04), 0.02)), 4) for k in ("log", "relative", "absolute")]
 [0.6931, 1.0, 0.02]
 """
+
+
+def dual_ascent_step(lagrange: float, constraint: float, lr: float, *, nonnegative: bool) -> float:
+    """λ ← λ + η_λ c, projected on λ ≥ 0 when ``nonnegative`` (the inequality D ≤ ρ).
+
+    >>> dual_ascent_step(0.5, 0.2, 2.0, nonnegative=False), dual_ascent_step(0.1, -0.2, 1.0, nonnegative=True)
+    (0.9, 0.0)
+    """
+    new = lagrange + lr * constraint
+    return max(0.0, new) if nonnegative else new
+
+
+TEMPERATURE_SCHEDULES = ("constant", "linear", "cosine")
+"""``temperature_schedule``: T_t = T, T (1 − s) or T (1 + cos π s)/2 with s = (t − 1)/(R − 1)."""
+
+
+def annealed_temperature(temperature: float, *, round_idx: int, rounds: int, schedule: str) -> float:
+    """T_t of round ``round_idx`` (numbered from 1) of ``rounds``: T at round 1, 0 at round R unless constant.
+
+    >>> [annealed_temperature(0.4, round_idx=t, rounds=3, schedule="linear") for t in (1, 2, 3)]
+    [0.4, 0.2, 0.0]
+    >>> round(annealed_temperature(0.4, round_idx=2, rounds=3, schedule="cosine"), 6)
+    0.2
+    >>> annealed_temperature(0.4, round_idx=3, rounds=3, schedule="constant")
+    0.4
+    """
+    if schedule == "constant" or rounds <= 1:
+        return temperature
+    s = min(max((round_idx - 1) / (rounds - 1), 0.0), 1.0)
+    if schedule == "linear":
+        return temperature * (1.0 - s)
+    if schedule == "cosine":
+        return temperature * 0.5 * (1.0 + math.cos(math.pi * s))
+    raise ValueError(f"unknown temperature schedule {schedule!r}; choose one of {', '.join(TEMPERATURE_SCHEDULES)}")
+
+
+def nonzero_top_m_mask(scores: Tensor, m: int) -> Tensor:
+    """The ``m`` largest |scores| among the non-zero ones (fewer when fewer are non-zero).
+
+    A score of 0 carries nothing, so it is never selected: ties at zero do not fill the
+    support with the lowest indices.
+
+    >>> import torch
+    >>> nonzero_top_m_mask(torch.tensor([0.0, 0.0, 2.0, -1.0, 0.0]), 3).tolist()
+    [False, False, True, True, False]
+    """
+    return top_m_mask(scores, m) & (scores != 0)
 
 
 def prob_nonzero_density(hc: HardConcrete, log_alpha: Tensor, nodes: int) -> Tensor:
@@ -440,41 +427,41 @@ class _LocalGates:
 
 
 class EFLoPS(FederatedModule):
-    """E-FLoPS with hard-concrete gates, a density constraint by dual ascent, and a KL term.
+    """E-FLoPS with hard-concrete gates, an L0 density constraint by dual ascent, and a KL term.
 
     Args:
         density: target density ρ (``method.density``); m = ⌊ρ |θ|⌋ coordinates are sent.
-        temperature: weight T of the KL (entropy) regulariser.
-        prior: ``"target"`` (Bernoulli(ρ)) or ``"uniform"`` (Bernoulli(1/2)).
-        density_estimator: ``"prob_nonzero"`` or ``"expected_gate"``.
-        quadrature_nodes: midpoints for ``expected_gate``.
-        lambda_lr: dual-ascent step η_λ of the Lagrange multiplier (on c).
+        temperature: weight T of the KL (relative-entropy) regulariser at round 1.
+        temperature_schedule: ``"constant"`` (default), ``"linear"`` or ``"cosine"`` decay to 0
+            at the last round (:func:`annealed_temperature`).
+        prior: p(z_j) = Bernoulli(ρ) (``"target"``) or Bernoulli(1/2) (``"uniform"``: the KL is
+            log 2 minus the gate entropy).
+        density_estimator: D = mean P(z ≠ 0) (``"prob_nonzero"``, closed form) or mean E[z]
+            (``"expected_gate"``, midpoint quadrature with ``quadrature_nodes`` nodes).
+        quadrature_nodes: midpoints for ``expected_gate`` and for E[z] of the evaluated network.
+        lambda_lr: dual-ascent step η_λ of the Lagrange multiplier.
         lambda_init: initial λ.
-        log_alpha_lr: learning rate of the gate parameters (second group of ``client_optimizer``).
-        log_alpha_init: initial (and off-support reset) log α; 0 means P(z ≠ 0) = 0.83.
-        log_alpha_min: lower clamp of log α.
+        log_alpha_lr: learning rate of the gate parameters (a second group of ``client_optimizer``).
+        log_alpha_init: initial log α (0: P(z ≠ 0) = 0.83).
+        log_alpha_min: lower clamp of log α (Louizos' −4.6 would floor P(z ≠ 0) at 0.047 > ρ).
         log_alpha_max: upper clamp of log α.
-        selection: ``"expected_magnitude"`` or ``"test_gate"`` (top-m score).
-        off_support: ``"init"`` or ``"zero"``: θ̃ off the broadcast support.
-        constraint: ``"inequality"`` (D ≤ ρ, λ ≥ 0, the FLoPS max over λ ≥ 0) or
-            ``"equality"`` (D = ρ, λ free in sign, so a density below ρ is pushed back up).
-        off_support_gates: ``"resume"`` (default): messages also carry, per parameter tensor,
-            the mean P(z ≠ 0) outside the support (32 bits each), clients resume the global gate
-            state from it and the server counts a non-sender at its own statistic;
-            ``"reset"``: off-support gates restart at ``log_alpha_init`` every round and
-            non-senders count as closed (no extra bits; the local density estimate then starts
-            near P(z ≠ 0 | log α_init) and λ over-shoots).
-        constraint_scale: ``"relative"``: the constraint is written c = D/ρ − 1, so a
-            density at half the target moves λ as fast as one at 1.5 ρ; ``"absolute"``: c = D − ρ,
-            whose dual steps are ρ times smaller below the target than the overshoot above it
-            (λ then stays high long after D has fallen under ρ). ``"log"`` (default): c = log D − log ρ.
-        gate_aggregation: ``"senders"`` (π̄_j averaged over the clients that sent j) or ``"all"``.
-        penalty: μ of the augmented-Lagrangian damping term (μ/2) c²; 0 gives the plain Lagrangian.
-        final_support: the evaluated network: ``"top_m"`` (default; the m largest |θ̃ ⊙ E[z]|,
-            scaled by E[z], exactly m non-zeros) or ``"test_gate"`` (top-m by ``selection``
-            times the test-time gate ẑ, which may close support coordinates).
-        **kwargs: the :class:`FederatedModule` arguments (model, datamodule, seed, client
-            optimiser, ...; no ``server_optimizer``: the server sets its rebuilt state).
+        selection: top-m score, |θ̃| P(z ≠ 0) (``"expected_magnitude"``) or |θ̃ ⊙ ẑ| with the
+            test-time gate (``"test_gate"``).
+        off_support: θ̃ off the broadcast support: its initial value (``"init"``, from the shared
+            seed, no bits) or 0 (``"zero"``).
+        constraint: ``"equality"`` (D = ρ, λ free in sign) or ``"inequality"`` (D ≤ ρ, λ ≥ 0).
+        off_support_gates: ``"closed"`` (a gate no message carries is closed, log α = ``log_alpha_min``,
+            on both sides; in round 1 every gate starts at ``log_alpha_init`` and λ is held, a
+            screening round), ``"resume"`` (one off-support mean π per tensor in every message) or
+            ``"reset"`` (off-support log α restarts at ``log_alpha_init``, non-senders count as closed).
+        constraint_scale: c = D − ρ (``"absolute"``, the text), D/ρ − 1 (``"relative"``) or
+            log D − log ρ (``"log"``).
+        gate_aggregation: π̄_j averaged over the senders of j (``"senders"``) or all clients (``"all"``).
+        penalty: μ of the augmented-Lagrangian term (μ/2) c² (0: the plain Lagrangian of the text).
+        final_support: ``"top_m"`` (the m largest |θ̃ ⊙ E[z]|) or ``"test_gate"`` (top-m by
+            ``selection`` times the test-time gate).
+        **kwargs: the :class:`FederatedModule` arguments (no ``server_optimizer``: the server
+            sets its rebuilt state).
     """
 
     uplink_payload = Payload.GATED_SPARSE
@@ -490,6 +477,7 @@ class EFLoPS(FederatedModule):
         *,
         density: float,
         temperature: float = 1e-3,
+        temperature_schedule: Literal["constant", "linear", "cosine"] = "constant",
         prior: Literal["target", "uniform"] = "target",
         density_estimator: Literal["prob_nonzero", "expected_gate"] = "prob_nonzero",
         quadrature_nodes: int = 32,
@@ -502,10 +490,10 @@ class EFLoPS(FederatedModule):
         selection: Literal["expected_magnitude", "test_gate"] = "expected_magnitude",
         off_support: Literal["init", "zero"] = "init",
         constraint: Literal["inequality", "equality"] = "equality",
-        off_support_gates: Literal["resume", "reset"] = "resume",
-        constraint_scale: Literal["log", "relative", "absolute"] = "log",
+        off_support_gates: Literal["closed", "resume", "reset"] = "closed",
+        constraint_scale: Literal["log", "relative", "absolute"] = "absolute",
         gate_aggregation: Literal["senders", "all"] = "senders",
-        penalty: float = 1.0,
+        penalty: float = 0.0,
         final_support: Literal["top_m", "test_gate"] = "top_m",
         **kwargs: Any,
     ) -> None:
@@ -517,11 +505,12 @@ class EFLoPS(FederatedModule):
             raise ConfigError(str(exc)) from None
         choices: dict[str, tuple[str, tuple[str, ...]]] = {
             "prior": (prior, ("target", "uniform")),
+            "temperature_schedule": (temperature_schedule, TEMPERATURE_SCHEDULES),
             "density_estimator": (density_estimator, tuple(DENSITY_ESTIMATORS)),
             "selection": (selection, ("expected_magnitude", "test_gate")),
             "off_support": (off_support, ("init", "zero")),
             "constraint": (constraint, ("inequality", "equality")),
-            "off_support_gates": (off_support_gates, ("resume", "reset")),
+            "off_support_gates": (off_support_gates, ("closed", "resume", "reset")),
             "constraint_scale": (constraint_scale, tuple(CONSTRAINT_SCALES)),
             "gate_aggregation": (gate_aggregation, ("senders", "all")),
             "final_support": (final_support, ("top_m", "test_gate")),
@@ -544,6 +533,7 @@ class EFLoPS(FederatedModule):
         self.m = m
         self.dim = dim
         self.temperature = float(temperature)
+        self.temperature_schedule = temperature_schedule
         self.prior = prior
         self.density_estimator = density_estimator
         self._density = DENSITY_ESTIMATORS[density_estimator]
@@ -591,6 +581,14 @@ class EFLoPS(FederatedModule):
         """c(φ) for the density D under ``constraint_scale`` (:data:`CONSTRAINT_SCALES`)."""
         return self._constraint(density, self.rho)
 
+    def temperature_at(self, round_idx: int) -> float:
+        """T_t of ``round_idx`` under ``temperature_schedule`` (the run's rounds from the trainer)."""
+        trainer = self.attached_trainer
+        rounds = int(trainer.max_steps) if trainer is not None and trainer.max_steps and trainer.max_steps > 0 else 1
+        return annealed_temperature(
+            self.temperature, round_idx=round_idx, rounds=rounds, schedule=self.temperature_schedule
+        )
+
     def kl_term(self, log_alpha: Tensor) -> Tensor:
         """(1/|θ|) Σ_j KL(Bernoulli(P(z_j ≠ 0)) ‖ prior)."""
         p = self.rho if self.prior == "target" else 0.5
@@ -603,13 +601,15 @@ class EFLoPS(FederatedModule):
         return theta.abs() * self.hc.prob_nonzero(log_alpha)
 
     def _message(self, theta: Tensor, log_alpha: Tensor, lagrange: Tensor) -> Tensor:
-        support = top_m_mask(self.selection_scores(theta, log_alpha), self.m)
+        support = nonzero_top_m_mask(self.selection_scores(theta, log_alpha), self.m)
         pi = self.hc.prob_nonzero(log_alpha)
         pi_off = off_support_means(pi, support, self.group_sizes, self.pi_min) if self.num_groups else None
         return pack_gate_state(theta, pi, support, lagrange, pi_off)
 
-    def _off_support_log_alpha(self, pi_off: Tensor, like: Tensor) -> Tensor:
+    def _off_support_log_alpha(self, pi_off: Tensor, like: Tensor, round_idx: int = 1) -> Tensor:
         """log α that a coordinate outside the support takes (and its π when counted by the server)."""
+        if self.off_support_gates == "closed":  # not carried: closed, except the shared initial state of round 1
+            return torch.full_like(like, self.log_alpha_init if round_idx < 1 else self.hc.log_alpha_min)
         if not self.num_groups:
             return torch.full_like(like, self.log_alpha_init)
         pi = expand_groups(pi_off.clamp(self.pi_min, 1.0 - 1e-7), self.group_sizes)
@@ -646,15 +646,16 @@ class EFLoPS(FederatedModule):
         return {
             "eflops/lambda": float(self.lagrange.detach().squeeze()),
             "eflops/mean_prob_nonzero": float(self.hc.prob_nonzero(self.log_alpha.detach()).mean()),
+            "eflops/temperature": self.temperature_at(round_idx),
         }
 
     # ------------------------------------------------------------------ client
-    def _rebuild_client(self, received: Tensor) -> tuple[Tensor, Tensor, float]:
+    def _rebuild_client(self, received: Tensor, round_idx: int = 1) -> tuple[Tensor, Tensor, float]:
         theta_s, pi, support, pi_off, lam = unpack_gate_state(received, self.num_groups)
         theta_init: Tensor = self.theta_init  # type: ignore[assignment]  # a registered buffer
         off = theta_init.to(received.device) if self.off_support == "init" else torch.zeros_like(theta_s)
         theta = torch.where(support, theta_s, off)
-        log_alpha = self._off_support_log_alpha(pi_off, pi)
+        log_alpha = self._off_support_log_alpha(pi_off, pi, round_idx)
         if support.any():
             log_alpha[support] = self.hc.log_alpha_from_prob_nonzero(pi[support])
         return theta, log_alpha, float(lam)
@@ -662,7 +663,7 @@ class EFLoPS(FederatedModule):
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
         """Local primal steps on (θ̃, log α) by :meth:`local_train`, dual ascent on λ after each step."""
         model = self.client_model
-        theta, log_alpha0, lam = self._rebuild_client(received)
+        theta, log_alpha0, lam = self._rebuild_client(received, round_idx)
         assign_flat_(model, theta)
         model.train()
         log_alpha = log_alpha0.clone().requires_grad_(True)
@@ -674,6 +675,8 @@ class EFLoPS(FederatedModule):
             data_loss_sum=torch.zeros((), device=self.device),
         )
         gate_gen = self.generator(round_idx, client_id, "gates")
+        temperature = self.temperature_at(round_idx)
+        screening = self.off_support_gates == "closed" and round_idx < 1
 
         def batch_loss(x: Tensor, y: Tensor) -> Tensor:
             """One gate sample per mini-batch; data loss + λ c + (μ/2) c² + T · KL."""
@@ -689,8 +692,8 @@ class EFLoPS(FederatedModule):
             if self.penalty > 0:  # augmented Lagrangian: damps the primal-dual oscillation
                 c_pos = c if self.constraint == "equality" else c.clamp_min(0.0)
                 loss = loss + 0.5 * self.penalty * c_pos**2
-            if self.temperature > 0:
-                loss = loss + self.temperature * self.kl_term(log_alpha)
+            if temperature > 0:
+                loss = loss + temperature * self.kl_term(log_alpha)
             local.density = dens.detach()
             local.data_loss_sum += data_loss.detach()
             return loss
@@ -699,9 +702,12 @@ class EFLoPS(FederatedModule):
             """Clamp log α, then λ ← λ + η_λ c(D) at the density of the step (λ ≥ 0 for the inequality)."""
             self.hc.clamp_(log_alpha)
             assert local.density is not None
-            local.lagrange = local.lagrange + self.lambda_lr * float(self.constraint_value(local.density))
-            if self.constraint == "inequality":
-                local.lagrange = max(0.0, local.lagrange)
+            c = float(self.constraint_value(local.density))
+            if screening:  # round 1 of "closed": every gate open, a screening step; λ waits for the support
+                return
+            local.lagrange = dual_ascent_step(
+                local.lagrange, c, self.lambda_lr, nonnegative=self.constraint == "inequality"
+            )
 
         groups: list[dict[str, Any]] = [{"params": params}, {"params": [log_alpha], "lr": self.log_alpha_lr}]
         done = self.local_train(
@@ -725,7 +731,7 @@ class EFLoPS(FederatedModule):
         """The evaluated network for global (θ̃, log α) under ``final_support`` (see module docstring)."""
         if self.final_support == "top_m":
             return gated_top_m(theta, self.hc.expected_gate_tail(log_alpha, nodes=self.quadrature_nodes), self.m)
-        support = top_m_mask(self.selection_scores(theta, log_alpha), self.m)
+        support = nonzero_top_m_mask(self.selection_scores(theta, log_alpha), self.m)
         return theta * self.hc.test_gate(log_alpha) * support
 
     def evaluated_parameters(self) -> Tensor:

@@ -17,7 +17,7 @@ from torch import nn
 from fedlightning.models.char_lstm import CharLSTM
 from fedlightning.models.cnn import SmallCNN
 from fedlightning.models.conv4 import Conv4
-from fedlightning.models.linear import LogisticRegression
+from fedlightning.models.linear import BinaryLogisticRegression, LogisticRegression
 from fedlightning.models.mlp import MLP
 from fedlightning.models.resnet import ResNet18GN
 
@@ -45,7 +45,14 @@ def _logreg(shape: tuple[int, ...], k: int) -> nn.Module:
     return LogisticRegression(in_features=math.prod(shape), num_classes=k)
 
 
+def _logistic(shape: tuple[int, ...], k: int) -> nn.Module:
+    if k != 2:
+        raise ValueError(f"model=logistic is the one-output binary model; the data has {k} classes (use model=logreg).")
+    return BinaryLogisticRegression(in_features=math.prod(shape))
+
+
 _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
+    "logistic": _logistic,
     "cnn": _cnn,
     "digits_cnn": _digits_cnn,
     "logreg": _logreg,
@@ -90,7 +97,8 @@ def build_model(
     Presets: ``small_mlp`` (784-20-20-C), ``mnistfc`` (784-300-100-C), ``digits_mlp``
     (64-64-C), ``mlp`` (any input, ``hidden`` widths, default the FedAvg 2NN's 200-200),
     ``cnn`` (FedAvg's CNN), ``digits_cnn`` (a 3×3, 16/32-channel CNN), ``logreg`` and
-    ``digits_logreg`` (flatten + linear). The CNNs and linear models adapt to the input.
+    ``digits_logreg`` (flatten + linear), ``logistic`` (one-output binary logistic
+    regression). The CNNs and linear models adapt to the input.
     ``fedavg_cnn`` (FedAvg's CNN; options ``channels``, ``kernel_size``, ``hidden``),
     ``conv4`` (Conv-4; ``channels``, ``hidden``, ``bias``), ``resnet18_gn`` (ResNet-18 with
     GroupNorm; ``width``, ``groups``) and ``char_lstm`` (the Shakespeare LSTM; ``embed_dim``,

@@ -1,0 +1,165 @@
+"""Shared pieces of the E-FLoPS benchmarks (``golub_comparison.py``, ``eflops_synthetic.py``).
+
+* :func:`federated_run`: one in-process federated run from Hydra overrides (summary and the
+  selected input features of the evaluated sparse model).
+* :func:`split_tensors`: the exact train / validation / test tensors a run with the same
+  overrides sees, for the centralised references.
+* :func:`tune`: the tuning protocol shared by every method: each grid point runs on the tuning
+  seeds with a validation split held out of the training data, and the point of best mean
+  validation score wins (the first in grid order on ties); the test set is never read.
+* :func:`lasso_reference` and :func:`iht_reference`: the centralised references (scikit-learn
+  L1 with the penalty chosen by 5-fold cross-validation on the training split; IHT at the
+  federated budget m).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's fedlightning, not another installed copy
+
+from fedlightning.methods.fediht import iterative_hard_thresholding  # noqa: E402
+from fedlightning.run import run  # noqa: E402
+
+QUIET = [
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "checkpoint_every=0",
+    "save_partition=false",
+    "eval_every=1000",
+    "threads=1",
+]
+
+
+def compose_cfg(overrides: Sequence[str]) -> DictConfig:
+    """The composed ``train`` config for ``overrides`` (plus the quiet defaults)."""
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose(config_name="train", overrides=[*QUIET, *overrides])
+
+
+CACHE = REPO / "outputs" / "benchmark_cache"
+EFLOPS_CODE_VERSION = 2
+"""Bumped when E-FLoPS' training changes, so cached E-FLoPS runs of older code are not reused
+(1: off-support gates resumed from a per-tensor mean; 2: ``off_support_gates="closed"``)."""
+
+
+def federated_run(overrides: Sequence[str]) -> dict[str, Any]:
+    """Summary of one run, with ``"features"``: the selected input features (may be empty).
+
+    Summaries are cached under ``outputs/benchmark_cache`` (git-ignored), keyed by the overrides,
+    so an interrupted benchmark resumes where it stopped (clear the folder after a code change).
+    """
+    import hashlib
+
+    salt = [f"eflops-code={EFLOPS_CODE_VERSION}"] if "method=eflops" in overrides else []
+    key = hashlib.sha1("\n".join([*salt, *overrides]).encode()).hexdigest()
+    cached = CACHE / f"{key}.json"
+    if cached.exists():
+        return dict(json.loads(cached.read_text()))
+    cfg = compose_cfg(overrides)
+    with tempfile.TemporaryDirectory() as folder:
+        summary = dict(run(cfg, folder))
+        path = Path(folder) / "selected_features.json"
+        summary["features"] = json.loads(path.read_text())["features"] if path.exists() else []
+    CACHE.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps({k: v for k, v in summary.items() if _plain(v)}))
+    return summary
+
+
+def _plain(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except TypeError:
+        return False
+    return True
+
+
+def split_tensors(overrides: Sequence[str]) -> dict[str, Any]:
+    """``{"train": (x, y), "val": (x, y) | None, "test": (x, y), "datamodule": dm}`` of a run's data."""
+    cfg = compose_cfg(overrides)
+    partition = instantiate(cfg.partition, _partial_=True)()
+    dm = instantiate(cfg.data, _partial_=True)(partition=partition, seed=int(cfg.seed))
+    dm.prepare_data()
+    dm.setup("fit")
+    parts = [dm.client_tensors(c) for c in range(dm.num_clients)]
+    train = (torch.cat([p[0] for p in parts]).numpy(), torch.cat([p[1] for p in parts]).numpy())
+
+    def collect(loader: Any) -> tuple[np.ndarray, np.ndarray]:
+        xs, ys = zip(*[(x, y) for x, y in loader], strict=True)
+        return torch.cat(xs).numpy(), torch.cat(ys).numpy()
+
+    val = collect(dm.val_dataloader()) if dm.val_fraction > 0 else None
+    return {"train": train, "val": val, "test": collect(dm.test_dataloader()), "datamodule": dm}
+
+
+def score(task: str, coef: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+    """Accuracy ([w·x + b > 0] against y) or R² of the linear predictor ``coef = [w, b]``."""
+    pred = x.reshape(len(x), -1) @ coef[:-1] + coef[-1]
+    if task == "classification":
+        return float(np.mean((pred > 0).astype(int) == y))
+    return float(1.0 - np.sum((y - pred) ** 2) / np.sum((y - y.mean()) ** 2))
+
+
+def lasso_reference(task: str, x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
+    """[w, b] of L1-logistic regression / the Lasso, the penalty chosen by 5-fold CV on (x, y)."""
+    from sklearn.linear_model import LassoCV, LogisticRegressionCV
+
+    x2 = x.reshape(len(x), -1)
+    if task == "classification":
+        clf = LogisticRegressionCV(
+            Cs=10, cv=5, penalty="l1", solver="liblinear", scoring="accuracy", max_iter=2000, random_state=seed
+        )
+        clf.fit(x2, y)
+        return np.concatenate([clf.coef_.reshape(-1), clf.intercept_.reshape(-1)])
+    reg = LassoCV(cv=5, random_state=seed, max_iter=5000).fit(x2, y)
+    return np.concatenate([reg.coef_.reshape(-1), [reg.intercept_]])
+
+
+def iht_reference(task: str, x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
+    """[w, b] of centralised IHT at the federated budget m."""
+    loss = "logistic" if task == "classification" else "squared"
+    return iterative_hard_thresholding(x.reshape(len(x), -1), y.astype(np.float64), m=m, loss=loss)
+
+
+def tune(
+    grid: Sequence[Sequence[str]], base: Sequence[str], seeds: Sequence[int], metric: str
+) -> tuple[list[str], list[tuple[list[str], float]]]:
+    """The grid point of best mean validation ``metric`` over ``seeds``, and every point's mean.
+
+    Ties on the metric go to the lower mean validation loss, then to the earlier grid point.
+    """
+    table: list[tuple[list[str], float]] = []
+    losses: list[float] = []
+    for point in grid:
+        runs = [federated_run([*base, *point, f"seed={s}"]) for s in seeds]
+        table.append((list(point), float(np.mean([float(r[metric]) for r in runs]))))
+        losses.append(float(np.mean([float(r.get("val/loss", np.nan)) for r in runs])))
+    # ties on the metric (common with 10 validation samples) go to the lower validation loss
+    best = max(range(len(table)), key=lambda i: (table[i][1], -np.nan_to_num(losses[i], nan=np.inf), -i))
+    return table[best][0], table
+
+
+def jaccard_stability(sets: Sequence[set[str]]) -> float:
+    """Mean pairwise Jaccard index |A ∩ B| / |A ∪ B| of the selected sets (1 for identical sets).
+
+    >>> jaccard_stability([{"a", "b"}, {"b", "c"}, {"a", "b"}])
+    0.5555555555555556
+    """
+    values = []
+    for i in range(len(sets)):
+        for j in range(i + 1, len(sets)):
+            union = sets[i] | sets[j]
+            values.append(len(sets[i] & sets[j]) / len(union) if union else 1.0)
+    return float(np.mean(values)) if values else float("nan")

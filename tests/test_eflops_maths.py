@@ -1,0 +1,112 @@
+"""E-FLoPS maths with hand-computed values: the L0 constraint, the dual step, the KL term, the
+temperature schedule, the selection that never sends a zero score, the one-output logistic
+model and centralised IHT."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedlightning.methods.eflops import (
+    CONSTRAINT_SCALES,
+    EFLoPS,
+    annealed_temperature,
+    dual_ascent_step,
+    nonzero_top_m_mask,
+    unpack_gate_state,
+)
+from fedlightning.methods.fediht import iterative_hard_thresholding
+from fedlightning.models.hard_concrete import bernoulli_kl, prob_nonzero
+from fedlightning.models.linear import BinaryLogisticRegression
+from fedlightning.models.presets import build_model
+
+
+def _module(**kwargs: object) -> EFLoPS:
+    return EFLoPS(model=nn.Linear(3, 1), datamodule=types.SimpleNamespace(task="regression"), **kwargs)  # type: ignore[arg-type]
+
+
+def test_l0_density_constraint_is_the_default_and_equals_d_minus_rho() -> None:
+    module = _module(density=0.5)
+    assert module.constraint_scale == "absolute" and module.constraint == "equality" and module.penalty == 0.0
+    # log alpha = 0 everywhere: D = P(z != 0) = sigmoid(-beta log(-gamma/zeta)) = 0.8320
+    log_alpha = torch.zeros(4)
+    d = module.density_estimate(log_alpha)
+    assert float(d) == pytest.approx(1.0 / (1.0 + (0.1 / 1.1) ** (2.0 / 3.0)), abs=1e-6)
+    assert float(module.constraint_value(d)) == pytest.approx(float(d) - 0.5, abs=1e-7)
+    assert float(CONSTRAINT_SCALES["absolute"](torch.tensor(0.03), 0.02)) == pytest.approx(0.01)
+    assert float(CONSTRAINT_SCALES["relative"](torch.tensor(0.03), 0.02)) == pytest.approx(0.5)
+    assert float(CONSTRAINT_SCALES["log"](torch.tensor(0.04), 0.02)) == pytest.approx(math.log(2.0))
+
+
+def test_dual_ascent_step_exact_values() -> None:
+    assert dual_ascent_step(2.0, 0.25, 4.0, nonnegative=False) == 3.0
+    assert dual_ascent_step(2.0, -0.75, 4.0, nonnegative=False) == -1.0  # equality: lambda may change sign
+    assert dual_ascent_step(2.0, -0.75, 4.0, nonnegative=True) == 0.0  # inequality: projected on lambda >= 0
+
+
+def test_kl_term_hand_value() -> None:
+    # KL(Bern(1/2) || Bern(0.02)) = 0.5 ln(0.5/0.02) + 0.5 ln(0.5/0.98) = 1.272966
+    assert float(bernoulli_kl(torch.tensor(0.5), 0.02)) == pytest.approx(1.272966, abs=1e-6)
+    module = _module(density=0.5, prior="uniform")
+    # uniform prior: KL = ln 2 - H(q) with q = P(z != 0 | log alpha = 0) = 0.83202
+    q = float(prob_nonzero(torch.tensor(0.0)))
+    expected = math.log(2) + q * math.log(q) + (1 - q) * math.log(1 - q)
+    assert float(module.kl_term(torch.zeros(4))) == pytest.approx(expected, abs=1e-6)
+
+
+def test_temperature_schedules_exact_values() -> None:
+    linear = [annealed_temperature(0.5, round_idx=t, rounds=5, schedule="linear") for t in range(1, 6)]
+    assert linear == pytest.approx([0.5, 0.375, 0.25, 0.125, 0.0])
+    cosine = [annealed_temperature(1.0, round_idx=t, rounds=3, schedule="cosine") for t in (1, 2, 3)]
+    assert cosine == pytest.approx([1.0, 0.5, 0.0], abs=1e-12)
+    assert annealed_temperature(0.3, round_idx=7, rounds=10, schedule="constant") == 0.3
+    with pytest.raises(ValueError, match="temperature schedule"):
+        annealed_temperature(0.3, round_idx=1, rounds=10, schedule="step")
+
+
+def test_zero_scores_are_never_selected() -> None:
+    scores = torch.tensor([0.0, 0.0, 0.0, 0.7, 0.0, -0.2])
+    assert nonzero_top_m_mask(scores, 2).tolist() == [False, False, False, True, False, True]
+    assert nonzero_top_m_mask(scores, 4).tolist() == [False, False, False, True, False, True]
+
+
+def test_test_gate_selection_sends_no_closed_gate() -> None:
+    """ẑ = 0 on coordinates 0-2 (log alpha = -5): the support is {3} although m = 2, not {0, 3}."""
+    module = _module(density=0.5, selection="test_gate")
+    assert module.m == 2
+    with torch.no_grad():
+        module.log_alpha.copy_(torch.tensor([-5.0, -5.0, -5.0, 3.0]))
+    _, _, support, _, _ = unpack_gate_state(module.broadcast_state(1), module.num_groups)
+    assert support.tolist() == [False, False, False, True]
+
+
+def test_binary_logistic_model_is_the_logistic_loss() -> None:
+    model = BinaryLogisticRegression(in_features=3)
+    assert sum(p.numel() for p in model.parameters()) == 4  # |theta| = features + 1
+    x, y = torch.randn(5, 3, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 1, 0, 1])
+    logits = model(x)
+    s = model.linear(x).squeeze(1)
+    ce = nn.functional.cross_entropy(logits, y)
+    bce = nn.functional.binary_cross_entropy_with_logits(s, y.float())
+    assert float(ce.detach()) == pytest.approx(float(bce.detach()), abs=1e-6)
+    assert torch.equal(logits.argmax(1), (s > 0).long())
+    assert sum(p.numel() for p in build_model("logistic", input_shape=(3571,), num_classes=2).parameters()) == 3572
+    with pytest.raises(ValueError, match="one-output binary"):
+        build_model("logistic", input_shape=(8,), num_classes=10)
+
+
+def test_centralised_iht_orthogonal_design_and_logistic_support() -> None:
+    # orthogonal design, n = 4: the least-squares solution is [3, 1, 0]; H_1 keeps coordinate 0
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]])
+    theta = iterative_hard_thresholding(x, np.array([3.0, 1.0, -3.0, -1.0]), m=1, loss="squared")
+    assert theta.tolist() == pytest.approx([3.0, 0.0, 0.0])
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(200, 20))
+    ys = (xs[:, 7] - 0.8 * xs[:, 3] > 0).astype(float)
+    coef = iterative_hard_thresholding(xs, ys, m=2, loss="logistic", steps=300)
+    assert set(np.flatnonzero(coef).tolist()) == {3, 7} and coef[7] > 0 > coef[3]
