@@ -86,14 +86,7 @@ class ReplicaDownlinkChannel(DownlinkChannel):
         else:
             op = self.operator(x.numel())
             replica = replica.to(x.device)
-            inner = op.compress(x - replica, generator)
-            message = Message(
-                payload=inner.payload,
-                num_bits=inner.num_bits,
-                codec=ReplicaCodec(op, replica.detach().clone()),
-                shape=inner.shape,
-                header_bits=inner.header_bits,
-            )
+            message = ReplicaCodec.wrap(op.compress(x - replica, generator), op, replica)
             decoded = message.decode()
         state.set(SERVER, REPLICA_KEY, decoded.to(x.device, copy=True))
         return message, decoded
@@ -123,14 +116,7 @@ class AggregateDownlinkChannel(DownlinkChannel):
         elif shared is not None and self._pending is None and self._delivered and torch.equal(shared.to(x.device), x):
             # a round without a server step: the clients hold x already; the operator sends a zero step
             op = self.operator(x.numel())
-            inner = op.compress(torch.zeros_like(x), generator)
-            message = Message(
-                payload=inner.payload,
-                num_bits=inner.num_bits,
-                codec=ReplicaCodec(op, x.detach().clone()),
-                shape=inner.shape,
-                header_bits=inner.header_bits,
-            )
+            message = ReplicaCodec.wrap(op.compress(torch.zeros_like(x), generator), op, x)
             decoded = message.decode()
         else:  # the first round (or a resume): the model itself, once
             message = self.codec.encode(x)
@@ -152,13 +138,8 @@ class AggregateDownlinkChannel(DownlinkChannel):
         x_new = flat_parameters(module.model)
         shared = shared.to(x_new.device)
         op = self.operator(x_new.numel())
-        inner = op.compress(x_new - shared, module.generator(round_idx, SERVER, "compress_downlink"))
-        message = Message(
-            payload=inner.payload,
-            num_bits=inner.num_bits,
-            codec=ReplicaCodec(op, shared.detach().clone()),
-            shape=inner.shape,
-            header_bits=inner.header_bits,
+        message = ReplicaCodec.wrap(
+            op.compress(x_new - shared, module.generator(round_idx, SERVER, "compress_downlink")), op, shared
         )
         decoded = message.decode().to(x_new.device, x_new.dtype)
         assign_flat_(module.model, decoded)

@@ -242,6 +242,17 @@ class ReplicaCodec:
         self.reference = reference
         self.name = f"replica[{compressor.name}]"
 
+    @classmethod
+    def wrap(cls, inner: Message, compressor: Compressor, reference: Tensor) -> Message:
+        """``inner`` (``compressor``'s message of a difference) as a message that decodes to ``reference`` + it."""
+        return Message(
+            payload=inner.payload,
+            num_bits=inner.num_bits,
+            codec=cls(compressor, reference.detach().clone()),
+            shape=inner.shape,
+            header_bits=inner.header_bits,
+        )
+
     def encode(self, x: Tensor) -> Message:
         raise TypeError("ReplicaCodec only decodes; DownlinkChannel.encode writes its messages.")
 
@@ -278,14 +289,7 @@ class DownlinkChannel(Channel):
         if replica is None or replica.numel() != x.numel():
             replica = torch.zeros_like(x)
         replica = replica.to(x.device)
-        inner = op.compress(x - replica, generator)
-        message = Message(
-            payload=inner.payload,
-            num_bits=inner.num_bits,
-            codec=ReplicaCodec(op, replica.detach().clone()),
-            shape=inner.shape,
-            header_bits=inner.header_bits,
-        )
+        message = ReplicaCodec.wrap(op.compress(x - replica, generator), op, replica)
         decoded = message.decode()  # the new replica, on both sides (stored as its own copy)
         state.set(SERVER, REPLICA_KEY, decoded.to(x.device, copy=True))
         return message, decoded
