@@ -29,11 +29,18 @@ def test_cnn_is_fedavg_cnn() -> None:
 
 @pytest.mark.parametrize("shape", [(1, 28, 28), (1, 8, 8)])
 @pytest.mark.parametrize(
-    "name", [p for p in PRESETS if p not in ("small_mlp", "mnistfc", "digits_mlp", *SEQUENCE_PRESETS)]
+    "name", [p for p in PRESETS if p not in ("small_mlp", "mnistfc", "digits_mlp", "logistic", *SEQUENCE_PRESETS)]
 )
 def test_adaptive_presets_forward(name: str, shape: tuple[int, ...]) -> None:
     out = build_model(name, input_shape=shape, num_classes=7)(torch.zeros(3, *shape))
     assert out.shape == (3, 7)
+
+
+@pytest.mark.parametrize("shape", [(1, 28, 28), (1, 8, 8)])
+def test_logistic_preset_gives_two_logits_and_refuses_more_than_two_classes(shape: tuple[int, ...]) -> None:
+    assert build_model("logistic", input_shape=shape, num_classes=2)(torch.zeros(3, *shape)).shape == (3, 2)
+    with pytest.raises(ValueError, match="one-output binary model; the data has 7 classes"):
+        build_model("logistic", input_shape=shape, num_classes=7)
 
 
 def test_shape_mismatch_message() -> None:
