@@ -56,29 +56,9 @@ def fit(cls: type, rounds: int, compressor, **kwargs) -> DCSGD:  # type: ignore[
 
 
 def optimum(module: DCSGD) -> float:
-    """f* of (1/n) Σ_i f_i by L-BFGS on a copy of the model."""
-    model = copy.deepcopy(module.model).double()
-    opt = torch.optim.LBFGS(model.parameters(), lr=1, max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-15)
+    """f* of (1/n) Σ_i f_i by L-BFGS on a float64 copy of the model."""
     data = [module.datamodule.client_tensors(c) for c in range(module.num_clients)]
-
-    def objective() -> torch.Tensor:
-        total = sum(
-            torch.nn.functional.cross_entropy(model(x.double()), y)
-            + 0.5 * L2 * sum((p * p).sum() for p in model.parameters())
-            for x, y in data
-        )
-        return total / len(data)
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
-
-    for _ in range(3):
-        opt.step(closure)
-    with torch.no_grad():
-        return float(objective())
+    return optimum_of(copy.deepcopy(module.model).double(), data, L2)
 
 
 def test_diana_reaches_the_exact_optimum_where_compressed_sgd_stalls() -> None:
