@@ -52,6 +52,7 @@ from fedlightning.compression import (
     TopK,
     TopKThen,
 )
+from fedlightning.federated.params import assign_flat_, flat_parameters
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,9 @@ def flat_grad(model: nn.Module) -> Tensor:
 
 
 def add_flat_(model: nn.Module, step: Tensor) -> None:
-    offset = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            n = p.numel()
-            p.add_(step[offset : offset + n].view_as(p))
-            offset += n
+    """x ← x + step on the model's flat parameter vector."""
+    x = flat_parameters(model)
+    assign_flat_(model, x + step.to(x.dtype))
 
 
 class Workers:
