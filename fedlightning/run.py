@@ -31,6 +31,7 @@ from fedlightning.console import RoundProgressBar, quiet_lightning
 from fedlightning.errors import ConfigError, FedLightningError
 from fedlightning.federated.channel import IncompatiblePayloadError
 from fedlightning.federated.rng import SERVER, stream_seed
+from fedlightning.launch import release_workers
 from fedlightning.loggers import CSVLogger, WandbLogger
 from fedlightning.models import build_model
 from fedlightning.run_folder import (
@@ -264,7 +265,6 @@ def _run(
     if trainer.is_global_zero and cfg.get("save_partition", True):
         datamodule.save_partition(output_dir / "partition.json")
         datamodule.write_client_summary(output_dir / "clients.csv")
-        datamodule.plot_label_distribution(output_dir / "label_distribution.png")
     log.info("Run folder: %s", output_dir)
     log.info(
         "Aggregation: %s estimator over the uploaders (method.aggregation); %d process(es) share the cohort.",
@@ -279,6 +279,7 @@ def _run(
         with warnings.catch_warnings():
             # The round loader has no position to restore: a round's number is the global step.
             warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+            release_workers()  # processes the command started early go on now (fedlightning.launch)
             trainer.fit(module, ckpt_path=ckpt_path, weights_only=True)  # the last round is validated in fit
         # A resumed run has seen only the rounds after its checkpoint: the checkpoint holds the rest.
         metrics = {**resume.metrics, **scalar_metrics(dict(trainer.callback_metrics))}
@@ -314,6 +315,8 @@ def _run(
             {k: v for k, v in metrics.items() if k.startswith(("test/", "val/", "model/")) and k not in summary}
         )
         if trainer.is_global_zero:  # one process writes the results
+            if cfg.get("save_partition", True):  # a figure: drawn after training, not in start-up
+                datamodule.plot_label_distribution(output_dir / "label_distribution.png")
             write_text_atomic(output_dir / "summary.json", json.dumps(_jsonable(summary), indent=2))
             for logger in loggers:
                 if isinstance(logger, WandbLogger) and hasattr(logger.experiment, "log_artifact"):

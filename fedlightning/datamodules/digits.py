@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import Tensor
 
 from fedlightning.datamodules.base import FederatedDataModule
@@ -27,6 +25,11 @@ class DigitsDataModule(FederatedDataModule):
     test_fraction = 0.2
 
     def _load(self) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        # scikit-learn (and the parts of scipy it loads) only when digits are used: importing
+        # this module (every run imports the data package) stays cheap.
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
         digits = load_digits()
         x = (digits.images / 16.0).astype(np.float32).reshape(-1, *self.input_shape)
         y = digits.target.astype(np.int64)

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 from torch import Tensor
 
 from fedlightning.datamodules.base import DataUnavailableError, FederatedDataModule
@@ -180,6 +179,8 @@ class GolubDataModule(FederatedDataModule):
         self.test_patients: np.ndarray = np.empty(0, np.int64)
 
     def _load(self) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        from sklearn.model_selection import train_test_split  # only when Golub is used (see digits.py)
+
         folder = self.root / "golub" if (self.root / "golub").is_dir() else self.root
         data = preprocess_golub(read_golub(folder))
         self.probe_ids, self.gene_names = data.probe_ids, data.gene_names
