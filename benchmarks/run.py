@@ -151,7 +151,9 @@ def main() -> None:
             if built is None:
                 continue
             cmd, env = built
-            quiet, load_before = measure.wait_for_quiet(max_load=a.max_foreign_load, timeout_s=quiet_timeout)
+            quiet, load_before = measure.wait_for_quiet(
+                max_load=a.max_foreign_load, timeout_s=quiet_timeout, probe_s=1.0 if a.quick else 2.0
+            )
             rec = run_one(cmd, env, w, timeout_s=run_timeout, log=out_dir / f"{tag}.log")
             rec.update(workload=w.id, system=s.name, repetition=rep, load_before=load_before, quiet_before=quiet)
             runs.append(rec)

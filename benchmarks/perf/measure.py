@@ -32,14 +32,40 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
+def _own_children(pid: int) -> list[int] | None:
+    """Children of ``pid`` from ``/proc/<pid>/task/*/children`` (``None`` where the kernel has no such file)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.extend(int(k) for k in f.read().split())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
 def tree_pids(root: int) -> list[int]:
-    """``root`` and all its descendants alive now."""
-    kids = _children()
+    """``root`` and all its descendants alive now.
+
+    Walks the tree from ``root`` through each process's ``children`` files (a few reads per
+    process of the tree); scans every process of the machine only where those files are missing.
+    """
     out, todo = [], [root]
+    scanned: dict[int, list[int]] | None = None
     while todo:
         pid = todo.pop()
         out.append(pid)
-        todo.extend(kids.get(pid, []))
+        kids = _own_children(pid)
+        if kids is None:
+            scanned = scanned if scanned is not None else _children()
+            kids = scanned.get(pid, [])
+        todo.extend(kids)
     return out
 
 
@@ -105,11 +131,18 @@ class TreeSample:
 
 
 class TreeMonitor:
-    """Samples a process tree every ``interval_s`` until it exits."""
+    """Samples a process tree's CPU every ``interval_s`` and its PSS every ``pss_every`` samples.
 
-    def __init__(self, proc: subprocess.Popen[bytes], *, interval_s: float = 0.1) -> None:
+    Reading ``smaps_rollup`` walks a process's whole memory map, which for a process of a gigabyte
+    is costly (see ``benchmarks/results/performance.md``), so PSS is sampled less often than CPU:
+    at the defaults, once a second. A peak shorter than that can be missed (a run's memory grows
+    while it loads data, then stays).
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], *, interval_s: float = 0.1, pss_every: int = 10) -> None:
         self.proc = proc
         self.interval_s = interval_s
+        self.pss_every = max(1, int(pss_every))
         self.sample = TreeSample()
         self._cpu: dict[int, float] = {}
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -127,12 +160,14 @@ class TreeMonitor:
         s.foreign_load = max(0.0, (machine_busy_s() - self._busy0 - s.cpu_s) / max(s.wall_s, 1e-9))
 
     def _loop(self) -> None:
+        tick = 0
         while self.proc.poll() is None:
             pids = tree_pids(self.proc.pid)
-            total = sum(pss_mb(p) for p in pids)
+            if tick % self.pss_every == 0:
+                self.sample.peak_pss_mb = max(self.sample.peak_pss_mb, sum(pss_mb(p) for p in pids))
+            tick += 1
             for p in pids:  # a counter only grows: keep its last value once the process is gone
                 self._cpu[p] = max(self._cpu.get(p, 0.0), cpu_s(p))
-            self.sample.peak_pss_mb = max(self.sample.peak_pss_mb, total)
             self.sample.peak_processes = max(self.sample.peak_processes, len(pids))
             self.sample.cpu_timeline.append((time.time(), sum(self._cpu.values())))
             time.sleep(self.interval_s)
