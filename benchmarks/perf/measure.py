@@ -60,6 +60,8 @@ def tree_pids(root: int) -> list[int]:
     scanned: dict[int, list[int]] | None = None
     while todo:
         pid = todo.pop()
+        if pid in out:  # a process listed by two threads' files while it changed hands
+            continue
         out.append(pid)
         kids = _own_children(pid)
         if kids is None:
