@@ -40,6 +40,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor
 from typing_extensions import override
@@ -157,7 +158,7 @@ class AggregateDownlinkChannel(DownlinkChannel):
 def pending_state(message: Message) -> dict[str, Tensor]:
     """A message's bitstream as tensors for the client state store (its payload bytes, bits and header bits)."""
     return {
-        "payload": torch.frombuffer(bytearray(message.payload), dtype=torch.uint8).clone(),
+        "payload": torch.from_numpy(np.frombuffer(message.payload, dtype=np.uint8).copy()),
         "bits": torch.tensor([message.num_bits, message.header_bits], dtype=torch.int64),
     }
 
