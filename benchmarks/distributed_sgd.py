@@ -19,6 +19,12 @@ Two workloads:
     python benchmarks/distributed_sgd.py mnist --data-root ../shared/data --epochs 1 \\
         --ops none natural top_k_ef induced --out outputs/dsgd/mnist.jsonl
     python benchmarks/distributed_sgd.py digits --steps 300 --out outputs/dsgd/digits.jsonl
+    python benchmarks/distributed_sgd.py mnist --data-root ../shared/data --validation 10000 \\
+        --lr 0.03 0.1 0.3 --ops top_k_ef induced --out outputs/dsgd/mnist_tuning.jsonl
+
+With ``--validation N`` the last ``N`` images of the seeded permutation of the training set are
+held out (validation accuracy is recorded next to the test accuracy, for choosing a step size
+on validation and reporting it on test); ``--lr`` takes several step sizes.
 
 Each run appends one JSON line per evaluation: workload, operator, step, uplink/downlink bits
 so far and the metric.
@@ -124,11 +130,69 @@ def run_mnist(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) ->
     yte = torch.from_numpy(read_idx(raw / "t10k-labels-idx1-ubyte").astype(np.int64))
     mean, std = 0.1307, 0.3081
     xtr, xte = (xtr - mean) / std, (xte - mean) / std
+
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(784, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+
+    train_classifier(args, name, scheme, out, "mnist", (xtr, ytr, xte, yte), build, lambda x: x, eval_chunk=0)
+
+
+def small_cnn() -> nn.Module:
+    """Three 3×3 convolution blocks (16, 32, 64 channels, ReLU, 2×2 max-pool), one linear classifier.
+
+    33,834 parameters: a CPU-sized stand-in for the thesis's VGG11 with one linear classifier.
+    """
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 4 * 4, 10),
+    )
+
+
+def run_cifar10(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) -> None:
+    """CIFAR-10 from the LOSSY JPEG-quality-75 copy (``cifar10/cifar10-jpeg-q75.tar``), no augmentation."""
+    from fedlightning.datamodules.cifar import CIFAR10DataModule
+
+    dm = CIFAR10DataModule(root=args.data_root, source="jpeg", num_clients=args.workers)
+    (xtr, ytr), (xte, yte) = dm._load()
+    print("cifar10: LOSSY source, JPEG quality 75 (cifar10-jpeg-q75.tar), not the official pickles", flush=True)
+    train_classifier(
+        args, name, scheme, out, "cifar10_jpeg_q75", (xtr, ytr, xte, yte), small_cnn, dm.transform, eval_chunk=1000
+    )
+
+
+def train_classifier(
+    args: argparse.Namespace,
+    name: str,
+    scheme: Scheme,
+    out: Path,
+    workload: str,
+    data: tuple[Tensor, Tensor, Tensor, Tensor],
+    build: Callable[[], nn.Module],
+    prep: Callable[[Tensor], Tensor],
+    *,
+    eval_chunk: int,
+) -> None:
+    """Distributed SGD on a classifier: ``n`` IID shards, compressed steps, test accuracy against bits."""
+    xtr, ytr, xte, yte = data
     torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Linear(784, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    model = build()
     sizes = [p.numel() for p in model.parameters()]
     n = args.workers
     perm = torch.randperm(len(ytr), generator=torch.Generator().manual_seed(args.seed))
+    val_idx = perm[len(perm) - args.validation :] if args.validation else perm[:0]
+    perm = perm[: len(perm) - args.validation]  # with --validation 0 the shards are the full training set's
+    # the training loss on 10,000 training images: MNIST's first 10,000 (the protocol of the tables);
+    # CIFAR-10's samples are ordered by class, so a random 10,000 there
+    loss_idx = perm[:10000] if args.validation or workload != "mnist" else torch.arange(10000)
     shards = perm.chunk(n)
     workers = Workers(scheme.build(args.density), sizes, n, scheme.error_feedback, args.seed)
     master = Blockwise(build_master(args.master), sizes) if args.master != "none" else None
@@ -148,7 +212,7 @@ def run_mnist(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) ->
             for i in range(n):
                 idx = orders[i][b * args.batch : (b + 1) * args.batch]
                 model.zero_grad()
-                loss_fn(model(xtr[idx]), ytr[idx]).backward()
+                loss_fn(model(prep(xtr[idx])), ytr[idx]).backward()
                 total += workers.send(i, -args.lr * flat_grad(model))
             aggregate = total / n
             if master is not None:
@@ -162,11 +226,12 @@ def run_mnist(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) ->
             last = (epoch == args.epochs - 1 and b == steps_per_epoch - 1) or step == args.max_steps
             if step % args.eval_every == 0 or last:
                 with torch.no_grad():
-                    acc = float((model(xte).argmax(1) == yte).float().mean())
-                    train_loss = float(loss_fn(model(xtr[:10000]), ytr[:10000]))
+                    acc = accuracy(model, prep, xte, yte, eval_chunk)
+                    train_loss = mean_loss(model, prep, xtr[loss_idx], ytr[loss_idx], eval_chunk)
+                    val_acc = accuracy(model, prep, xtr[val_idx], ytr[val_idx], eval_chunk) if len(val_idx) else None
                 record(
                     out,
-                    workload="mnist",
+                    workload=workload,
                     op=name,
                     master=args.master,
                     lr=args.lr,
@@ -176,11 +241,34 @@ def run_mnist(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) ->
                     up_bits=workers.bits,
                     down_bits=down_bits,
                     test_acc=acc,
+                    val_acc=val_acc,
+                    validation=args.validation,
                     train_loss=train_loss,
                     seconds=time.perf_counter() - started,
                 )
             if step == args.max_steps:
                 return
+
+
+def accuracy(model: nn.Module, prep: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, chunk: int) -> float:
+    """Top-1 accuracy, in chunks of ``chunk`` samples (0: all at once)."""
+    if chunk <= 0:
+        return float((model(prep(x)).argmax(1) == y).float().mean())
+    hits = sum(
+        int((model(prep(x[i : i + chunk])).argmax(1) == y[i : i + chunk]).sum()) for i in range(0, len(y), chunk)
+    )
+    return hits / len(y)
+
+
+def mean_loss(model: nn.Module, prep: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, chunk: int) -> float:
+    """Mean cross-entropy, in chunks of ``chunk`` samples (0: all at once)."""
+    if chunk <= 0:
+        return float(nn.functional.cross_entropy(model(prep(x)), y))
+    total = sum(
+        float(nn.functional.cross_entropy(model(prep(x[i : i + chunk])), y[i : i + chunk], reduction="sum"))
+        for i in range(0, len(y), chunk)
+    )
+    return total / len(y)
 
 
 def build_master(name: str) -> Compressor:
@@ -274,13 +362,25 @@ def record(out: Path, **fields: object) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workload", choices=["mnist", "digits"])
+    parser.add_argument("workload", choices=["mnist", "cifar10", "digits"])
     parser.add_argument("--ops", nargs="+", default=list(schemes(0.01)))
     parser.add_argument("--density", type=float, default=0.01, help="kept fraction of each tensor (sparsifiers)")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=64, help="hidden units of the MNIST network")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.1, help="step size (digits: <= 0 means 1/L)")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        nargs="+",
+        default=[0.1],
+        help="step size(s), each run for every operator (digits: <= 0 means 1/L)",
+    )
+    parser.add_argument(
+        "--validation",
+        type=int,
+        default=0,
+        help="mnist: training images held out for validation (0: none, the full set)",
+    )
     parser.add_argument("--l2", type=float, default=1e-3)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--steps", type=int, default=300)
@@ -293,8 +393,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     table = schemes(args.density)
-    for name in args.ops:
-        (run_mnist if args.workload == "mnist" else run_digits)(args, name, table[name], args.out)
+    for lr in args.lr:
+        for name in args.ops:
+            one = argparse.Namespace(**{**vars(args), "lr": lr})
+            runner = {"mnist": run_mnist, "cifar10": run_cifar10, "digits": run_digits}[args.workload]
+            runner(one, name, table[name], args.out)
 
 
 if __name__ == "__main__":

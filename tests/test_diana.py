@@ -228,3 +228,20 @@ def test_prox_step_soft_thresholds_and_sparsifies() -> None:
     sparse = fit(DIANA, 40, NaturalCompression(), variant="full", lr=0.3, l1=0.05)
     zeros = lambda m: int((flat_parameters(m.model) == 0).sum())  # noqa: E731
     assert zeros(sparse) > zeros(dense)
+
+
+@pytest.mark.parametrize(("variant", "coin_bits"), [("lsvrg", 1), ("saga", 0)])
+def test_vr_diana_counts_its_one_bit_reference_coin_per_client_and_round(variant: str, coin_bits: int) -> None:
+    from fedlightning.callbacks.accounting import _DOWN_BITS, _DOWN_CONTROL, CommunicationAccountant
+
+    rounds, dm = 3, datamodule()
+    torch.manual_seed(0)
+    module = VRDIANA(
+        model=build_model("logreg", input_shape=dm.input_shape, num_classes=2), datamodule=dm, seed=0, variant=variant
+    )
+    accountant = CommunicationAccountant()
+    callbacks = [UplinkCompression(NaturalCompression(), granularity="model"), accountant]
+    round_trainer(rounds, callbacks, limit_val_batches=0, accelerator="cpu").fit(module)
+    # Algorithm 2 sends u^k with x: 1 bit to each of the 4 clients every round (L-SVRG only), next to x in float32
+    assert int(accountant.totals[_DOWN_CONTROL]) == rounds * 4 * coin_bits
+    assert int(accountant.totals[_DOWN_BITS]) == rounds * 4 * (32 * 22 + coin_bits)

@@ -11,13 +11,24 @@ import lightning as L
 import pytest
 import torch
 
-from fedlightning.callbacks.compression import DownlinkCompression, UplinkCompression
+from fedlightning.callbacks.compression import (
+    PENDING_KEY,
+    SHARED_KEY,
+    AggregateDownlinkChannel,
+    DownlinkCompression,
+    UplinkCompression,
+)
 from fedlightning.compression import NaturalCompression, TopK
+from fedlightning.compression.codecs import Float32Codec
 from fedlightning.datamodules import DirichletPartition
 from fedlightning.datamodules.synthetic_logistic import SyntheticLogisticDataModule
 from fedlightning.errors import ConfigError
+from fedlightning.federated.channel import DownlinkChannel
 from fedlightning.federated.hooks import FederatedCallback
 from fedlightning.federated.params import flat_parameters
+from fedlightning.federated.payloads import Payload
+from fedlightning.federated.rng import SERVER
+from fedlightning.federated.state import ClientStateStore
 from fedlightning.methods.dcsgd import DCSGD
 from fedlightning.models import build_model
 from fedlightning.run import run
@@ -92,6 +103,28 @@ def test_algorithm_1_refuses_a_biased_master_compressor() -> None:
     with pytest.raises(ConfigError, match=r"^downlink.scheme=aggregate \(Algorithm 1\) needs an unbiased"):
         DownlinkCompression(TopK(k=2), scheme="aggregate")
     DownlinkCompression(TopK(k=2), scheme="replica")  # the replica re-sends what Top-k drops
+
+
+def test_the_plain_downlink_channel_refuses_an_operator_so_no_zero_start_replica_exists() -> None:
+    channel = DownlinkChannel(payload=Payload.MODEL, codec=Float32Codec(), method="dcsgd")
+    with pytest.raises(ConfigError, match=r"^The plain downlink channel of dcsgd has no master-compression scheme"):
+        channel.attach(NaturalCompression())
+    assert channel.compressor is None
+    message, decoded = channel.send(torch.arange(4.0), generator=None, state=ClientStateStore())
+    assert message.num_bits == 4 * 32 and torch.equal(decoded, torch.arange(4.0))  # the method's codec only
+
+
+def test_algorithm_1_keeps_its_pending_step_in_the_checkpointed_state() -> None:
+    module, rec, _ = dcsgd_run("aggregate", rounds=2)
+    # after round 2's server step: the clients hold round 1's model, the step C_M(Δ) waits as a bitstream
+    held = module.client_state.get(SERVER, SHARED_KEY)
+    pending = module.client_state.get(SERVER, PENDING_KEY)
+    assert torch.equal(held, rec.server[0]) and int(pending["bits"][0]) == 9 * D
+    # a fresh channel (a resumed run) reads it back and sends exactly that step: the clients reach the server model
+    fresh = AggregateDownlinkChannel(payload=Payload.MODEL, codec=Float32Codec(), method="dcsgd")
+    fresh.attach(NaturalCompression(), granularity="model")
+    message, decoded = fresh.send(flat_parameters(module.model), generator=None, state=module.client_state)
+    assert message.num_bits == 9 * D and torch.equal(decoded, rec.server[1])
 
 
 @pytest.mark.slow

@@ -40,6 +40,8 @@ METHODS = {
     "fedavg": [],
     "fedadam_uniform": ["method=fedadam", "sampler=uniform", "clients_per_round=3"],
     "top_k_error_feedback": ["compressor=top_k_ef", "sampler=uniform", "clients_per_round=3"],
+    # Algorithm 1: the resumed run broadcasts the pending compressed step, not the model again
+    "bidirectional_natural": ["compressor=natural", "downlink=natural"],
     "diana": ["+experiment=diana_digits_quick", "eval_every=1", "compressor=natural_dithering", "data.num_clients=5"],
     "federated_zampling": [
         "method=zampling",

@@ -19,7 +19,8 @@ pair never trains.
     broadcasts ``C_M(Δ)`` at the next round; every node applies the same decoded step, so all
     share one ``x`` and nothing is remembered (:class:`AggregateDownlinkChannel`). Theorem 2.6.1
     needs ``C_M`` unbiased, so a biased operator is refused. The initial model is sent once,
-    dense, in the first round (counted).
+    dense, in the first round (counted); the compressed step waiting for the next broadcast is
+    checkpointed with the server state, so a resumed run sends it, not the model again.
   - ``"replica"`` compresses the model against the clients' replica ``x̂``: it sends
     ``C(x − x̂)`` and both sides set ``x̂ ← x̂ + C(x − x̂)``, so the compression error is re-sent
     later instead of lost (the primal error feedback of EF21-P, Gruntkowska et al., arXiv
@@ -39,6 +40,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor
 from typing_extensions import override
@@ -66,6 +68,8 @@ __all__ = [
 
 SHARED_KEY = "downlink_shared_x"
 """The model every node holds under Algorithm 1 (server entry of the client state store)."""
+PENDING_KEY = "downlink_pending_step"
+"""Algorithm 1's compressed step C_M(Δ) not yet broadcast: its bitstream (server entry)."""
 REPLICA_KEY = "downlink_replica"
 """The clients' replica x̂ of the replica scheme (server entry of the client state store)."""
 DownlinkScheme = Literal["aggregate", "replica"]
@@ -74,11 +78,15 @@ DownlinkScheme = Literal["aggregate", "replica"]
 class ReplicaDownlinkChannel(DownlinkChannel):
     """The replica scheme: ``C(x − x̂)``, ``x̂ ← x̂ + C(x − x̂)``; x̂ starts as the initial model, sent dense."""
 
+    scheme = "replica"
+
     def send(
-        self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator, state: ClientStateStore
+        self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator | None, state: ClientStateStore
     ) -> tuple[Message, Tensor]:
         if self.compressor is None:
             return super().send(x, client_id=client_id, generator=generator, state=state)
+        if generator is None:
+            raise ValueError(f"The downlink operator {self.compressor.name} needs the server's random stream.")
         replica = state.get(SERVER, REPLICA_KEY)
         if replica is None or replica.numel() != x.numel():  # first round: the initial model, once, dense
             message = self.codec.encode(x)
@@ -95,56 +103,76 @@ class ReplicaDownlinkChannel(DownlinkChannel):
 class AggregateDownlinkChannel(DownlinkChannel):
     """Algorithm 1's master compression: the compressed aggregate step, no memory, one shared x.
 
-    :meth:`after_server_step` compresses the step the server optimiser just took and moves the
-    server model to the shared ``x + C_M(Δ)``; :meth:`send` broadcasts that message in the next
-    round. The first broadcast (or one after a resume, when the pending message is gone) sends
-    the model itself with the method's codec.
+    :meth:`after_server_step` compresses the step the server optimiser just took against the
+    model every node holds, ``C_M(x⁺ − x)``, moves the server model to ``x + C_M(x⁺ − x)`` and
+    keeps that message's bitstream as server state; :meth:`send` broadcasts it in the next
+    round. Both live in the checkpointed client state store, so a resumed run sends exactly the
+    message the uninterrupted run sends. The first broadcast sends the model itself with the
+    method's codec; a round without a server step sends the operator's code of a zero step.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._pending: tuple[Message, Tensor] | None = None
+    scheme = "aggregate"
 
     def send(
-        self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator, state: ClientStateStore
+        self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator | None, state: ClientStateStore
     ) -> tuple[Message, Tensor]:
         if self.compressor is None:
             return super().send(x, client_id=client_id, generator=generator, state=state)
-        shared = state.get(SERVER, SHARED_KEY)
-        if self._pending is not None and shared is not None and torch.equal(self._pending[1], shared.to(x.device)):
-            message, decoded = self._pending
-        elif shared is not None and self._pending is None and self._delivered and torch.equal(shared.to(x.device), x):
+        op = self.operator(x.numel())
+        held = state.get(SERVER, SHARED_KEY)
+        held = None if held is None else held.to(x.device)
+        pending = state.get(SERVER, PENDING_KEY)
+        message: Message | None = None
+        if held is not None and pending is not None:
+            message = ReplicaCodec.wrap(pending_message(pending, op, tuple(x.shape)), op, held)
+            decoded = message.decode().to(x.device, x.dtype)
+            if not torch.equal(decoded, x):  # the model moved since the step was compressed: send it whole
+                log.warning("The server model is not the compressed step's result; the downlink sends it dense.")
+                message = None
+        elif held is not None and torch.equal(held, x):
             # a round without a server step: the clients hold x already; the operator sends a zero step
-            op = self.operator(x.numel())
             message = ReplicaCodec.wrap(op.compress(torch.zeros_like(x), generator), op, x)
-            decoded = message.decode()
-        else:  # the first round (or a resume): the model itself, once
+        if message is None:  # the first round: the model itself, once
             message = self.codec.encode(x)
-            decoded = message.decode()
-        self._pending = None
-        self._delivered = True
+        decoded = message.decode()
+        state.set(SERVER, PENDING_KEY, None)
         state.set(SERVER, SHARED_KEY, decoded.to(x.device, copy=True))
         return message, decoded
-
-    _delivered = False
 
     def after_server_step(self, module: Any, round_idx: int) -> None:
         """Compress the server's step Δ = x⁺ − x to C_M(Δ) and move the server model to x + C_M(Δ)."""
         if self.compressor is None:
             return
-        shared = module.client_state.get(SERVER, SHARED_KEY)
-        if shared is None:
+        held = module.client_state.get(SERVER, SHARED_KEY)
+        if held is None:
             return
         x_new = flat_parameters(module.model)
-        shared = shared.to(x_new.device)
+        held = held.to(x_new.device)
         op = self.operator(x_new.numel())
-        message = ReplicaCodec.wrap(
-            op.compress(x_new - shared, module.generator(round_idx, SERVER, "compress_downlink")), op, shared
-        )
-        decoded = message.decode().to(x_new.device, x_new.dtype)
+        inner = op.compress(x_new - held, module.generator(round_idx, SERVER, "compress_downlink"))
+        decoded = ReplicaCodec.wrap(inner, op, held).decode().to(x_new.device, x_new.dtype)
         assign_flat_(module.model, decoded)
-        module.client_state.set(SERVER, SHARED_KEY, decoded.clone())
-        self._pending = (message, decoded)
+        module.client_state.set(SERVER, PENDING_KEY, pending_state(inner))
+
+
+def pending_state(message: Message) -> dict[str, Tensor]:
+    """A message's bitstream as tensors for the client state store (its payload bytes, bits and header bits)."""
+    return {
+        "payload": torch.from_numpy(np.frombuffer(message.payload, dtype=np.uint8).copy()),
+        "bits": torch.tensor([message.num_bits, message.header_bits], dtype=torch.int64),
+    }
+
+
+def pending_message(state: dict[str, Tensor], codec: Compressor, shape: tuple[int, ...]) -> Message:
+    """The message :func:`pending_state` stored, read by ``codec``."""
+    bits = state["bits"].tolist()
+    return Message(
+        payload=bytes(state["payload"].cpu().numpy().tobytes()),
+        num_bits=int(bits[0]),
+        codec=codec,
+        shape=shape,
+        header_bits=int(bits[1]),
+    )
 
 
 class _CompressionCallback(FederatedCallback):

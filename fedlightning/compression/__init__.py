@@ -7,6 +7,10 @@ Operators (each with ``compress(x, generator) -> Message``, exact codec, ω/δ m
 :class:`BiasedRandomSparsification`, :class:`AdaptiveRandomSparsification`,
 :class:`NURand1`, :class:`GradientSparsification`, :class:`Sign`, :class:`ScaledSign`,
 :class:`InducedCompressor`, :class:`Blockwise`.
+
+:mod:`fedlightning.compression.theory` runs distributed compressed gradient descent on the
+thesis's small convex problems (Example 4.7.1, the quadratics and least squares of Figs. 4.7
+and 4.8) and evaluates Theorem 4.5.3's adaptive bound.
 """
 
 from fedlightning.compression.dithering import QSGD, Dithering, NaturalDithering, StandardDithering, TernGrad

@@ -16,20 +16,18 @@ Each :class:`FederatedModule` owns an uplink and a downlink :class:`Channel`. A 
 An operator is only attached to a payload it :attr:`~fedlightning.compression.Compressor.accepts`;
 anything else stops with one sentence naming the method, the operator and what would fit.
 
-The downlink channel compresses a model broadcast against the clients' replica x̂
-(:class:`DownlinkChannel`): it sends C(x − x̂) and both sides set x̂ ← x̂ + C(x − x̂), so the
-compression error is re-sent next round instead of accumulating. The replica is server state
-(checkpointed under :data:`~fedlightning.federated.rng.SERVER`), starts at zero, and models a
-broadcast that all clients hear (each cohort member is charged for it).
-The ``downlink=`` configs replace this channel with one of the two schemes of
-:mod:`fedlightning.callbacks.compression`: the thesis's Algorithm 1 (the compressed aggregate
-step, no memory) or a replica that starts from the initial model, sent once.
+The downlink channel (:class:`DownlinkChannel`) sends the broadcast with the method's codec. A
+compressed broadcast needs a master-compression scheme, and the ``downlink=`` configs
+(:class:`fedlightning.callbacks.compression.DownlinkCompression`) replace this channel with one
+of the two of :mod:`fedlightning.callbacks.compression`: the thesis's Algorithm 1 (the
+compressed aggregate step, no memory) or a replica that starts from the initial model, sent
+once. An operator attached to the plain channel is refused.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -54,8 +52,6 @@ __all__ = [
 Direction = Literal["uplink", "downlink"]
 MEMORY_KEY = "ef_memory"
 """Key of a client's error-feedback memory in the client state store."""
-REPLICA_KEY = "downlink_replica"
-"""Key of the clients' replica of the broadcast (server entry of the client state store)."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +258,15 @@ class ReplicaCodec:
 
 
 class DownlinkChannel(Channel):
-    """The broadcast channel: a model payload is compressed as a delta against the clients' replica."""
+    """The broadcast channel: the method's codec; compression only in a subclass that names its scheme.
+
+    Subclasses (:mod:`fedlightning.callbacks.compression`) set :attr:`scheme` and implement
+    :meth:`send` for an attached operator; the plain channel refuses one in :meth:`attach`, so a
+    compressed broadcast always follows a scheme that says what the clients hold.
+    """
+
+    scheme: ClassVar[str | None] = None
+    """The master-compression scheme of a subclass (``None``: the plain channel, no operator)."""
 
     def __init__(self, *, payload: Payload, codec: Codec, method: str, per_client: bool = False) -> None:
         super().__init__(direction="downlink", payload=payload, codec=codec, method=method)
@@ -273,23 +277,34 @@ class DownlinkChannel(Channel):
 
     @property
     def compressed_payload(self) -> Payload:
-        """A model broadcast reaches the operator as the delta x − x̂; other payloads as they are."""
+        """A model broadcast reaches the operator as a model delta (a step, or x − x̂); other payloads as they are."""
         return Payload.MODEL_DELTA if self.payload is Payload.MODEL else self.payload
+
+    def attach(
+        self,
+        compressor: Compressor,
+        *,
+        error_feedback: bool = False,
+        granularity: Literal["layer", "model"] = "layer",
+        block_sizes: list[int] | None = None,
+    ) -> None:
+        """Refused on the plain channel (one sentence); a scheme's subclass attaches as :meth:`Channel.attach`."""
+        if self.scheme is None:
+            raise ConfigError(
+                f"The plain downlink channel of {self.method} has no master-compression scheme for {compressor.name}; "
+                "attach a downlink operator through fedlightning.callbacks.compression.DownlinkCompression "
+                "(downlink=<name>, downlink.scheme=aggregate or replica)."
+            )
+        super().attach(compressor, error_feedback=error_feedback, granularity=granularity, block_sizes=block_sizes)
 
     def send(
         self, x: Tensor, *, client_id: int = SERVER, generator: torch.Generator | None, state: ClientStateStore
     ) -> tuple[Message, Tensor]:
-        if self.compressor is None:
-            message = self.codec.encode(x)
-            return message, message.decode()
-        if generator is None:
-            raise ValueError(f"The downlink operator {self.compressor.name} needs the server's random stream.")
-        op = self.operator(x.numel())
-        replica = state.get(SERVER, REPLICA_KEY)
-        if replica is None or replica.numel() != x.numel():
-            replica = torch.zeros_like(x)
-        replica = replica.to(x.device)
-        message = ReplicaCodec.wrap(op.compress(x - replica, generator), op, replica)
-        decoded = message.decode()  # the new replica, on both sides (stored as its own copy)
-        state.set(SERVER, REPLICA_KEY, decoded.to(x.device, copy=True))
-        return message, decoded
+        """The broadcast in the method's codec (a scheme's subclass sends an attached operator's messages)."""
+        if self.compressor is not None:
+            raise ConfigError(
+                f"{type(self).__name__} has the operator {self.compressor.name} but no send of its scheme; "
+                "a downlink scheme implements send for its operator."
+            )
+        message = self.codec.encode(x)
+        return message, message.decode()

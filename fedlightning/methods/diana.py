@@ -14,7 +14,8 @@ Gradient estimators ``g_i`` (``variant``):
 * ``"sgd"`` — a mini-batch gradient (the "DIANA-SGD" baseline): linear rate to a neighbourhood;
 * ``"lsvrg"`` — VR-DIANA variant 1: ``∇f_iB(x) − ∇f_iB(w_i) + μ_i``; after computing it every
   client resets its reference point ``w_i`` to ``x`` when the round's single coin ``u^k`` (drawn
-  by the server with probability ``1/m``, ``m = max_i m_i``, and broadcast with ``x``) is 1;
+  by the server with probability ``1/m``, ``m = max_i m_i``, and sent with ``x`` as a one-bit
+  control message, counted in the downlink bits) is 1;
 * ``"saga"`` — VR-DIANA variant 2: a table of per-sample gradients, refreshed at the sampled
   indices.
 
@@ -41,6 +42,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
+from fedlightning.compression.codecs import BitPackCodec
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import Aggregator, WeightedMean
 from fedlightning.federated.module import ClientResult
@@ -117,8 +119,11 @@ class DIANA(GradientMethod):
         g = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, features, targets)
         return torch.cat([g[k].reshape(len(features), -1) for k in params], dim=1)
 
-    def gradient_estimate(self, client_id: int, round_idx: int, x_flat: Tensor) -> Tensor:
-        """``g_i`` of the configured variant at ``x_flat`` (updates VR state)."""
+    def gradient_estimate(self, client_id: int, round_idx: int, x_flat: Tensor, *, coin: bool | None = None) -> Tensor:
+        """``g_i`` of the configured variant at ``x_flat`` (updates VR state).
+
+        ``coin``: the L-SVRG reset coin as the client received it (``None``: read the round's draw).
+        """
         feats, targets = self.client_data(client_id)
         m = len(targets)
         if self.variant == "full":
@@ -135,7 +140,7 @@ class DIANA(GradientMethod):
                 store.set(client_id, "svrg_w", w)
                 store.set(client_id, "svrg_mu", self.flat_gradient(w, feats, targets))
             g = g_x - self.flat_gradient(w, feats[idx], targets[idx]) + store.get(client_id, "svrg_mu")
-            if self.reference_coin(round_idx):
+            if self.reference_coin(round_idx) if coin is None else coin:
                 store.set(client_id, "svrg_w", x_flat.detach().clone())
                 store.set(client_id, "svrg_mu", self.flat_gradient(x_flat, feats, targets))
             return g
@@ -154,7 +159,8 @@ class DIANA(GradientMethod):
         return g
 
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
-        g = self.gradient_estimate(client_id, round_idx, received)
+        coin = self.receive_coin(client_id, round_idx) if self.variant == "lsvrg" else None
+        g = self.gradient_estimate(client_id, round_idx, received, coin=coin)
         h = self.client_state.get(client_id, "diana_h")
         if h is None:
             h = torch.zeros_like(g)
@@ -166,8 +172,8 @@ class DIANA(GradientMethod):
     def reference_coin(self, round_idx: int) -> bool:
         """Algorithm 2's ``u^k``: one coin per round, 1 with probability ``1/m`` (``m = max_i m_i``).
 
-        Drawn from the server's stream of the round, so every client sees the same value (it
-        travels with the broadcast; its one bit is not counted).
+        Drawn from the server's stream of the round, so every client sees the same value; the
+        server sends it to each client as a one-bit control message (:meth:`receive_coin`).
         """
         if getattr(self, "_coin", (None, False))[0] != round_idx:
             if getattr(self, "_max_m", None) is None:
@@ -176,6 +182,13 @@ class DIANA(GradientMethod):
             draw = float(torch.rand((), generator=self.generator(round_idx, SERVER, "svrg_coin")))
             self._coin = (round_idx, draw < 1.0 / m)
         return self._coin[1]
+
+    def receive_coin(self, client_id: int, round_idx: int) -> bool:
+        """Client ``client_id`` receives ``u^k``: a one-bit downlink control message, counted by the accountant."""
+        message = BitPackCodec().encode(torch.tensor([float(self.reference_coin(round_idx))]))
+        for cb in self.federated_callbacks():
+            cb.on_control_message(self.trainer, self, round_idx, client_id, "down", message)
+        return bool(message.decode()[0])
 
     def objective(self) -> float:
         """``(1/n) Σ_i f_i(x) + R(x)`` with ``R = l1‖x‖₁``."""
