@@ -38,6 +38,7 @@ VARIANTS: dict[str, list[str]] = {
     "eflops, T = 0": ["method.temperature=0"],
     "eflops, T = 10": ["method.temperature=10"],
     "eflops, regrow": ["method.off_support_gates=regrow"],
+    "eflops, λ step 1000": ["method.lambda_lr=1000"],
 }
 """E-FLoPS ablations (``--variants``), run with the tuned E-FLoPS settings plus these overrides."""
 
