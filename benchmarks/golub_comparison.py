@@ -56,23 +56,30 @@ GRIDS: dict[str, list[list[str]]] = {
     "fediht": [[SGD, f"method.client_optimizer.lr={lr}"] for lr in LRS],
     "fedavg_prune": [[SGD, f"method.client_optimizer.lr={lr}"] for lr in LRS],
 }
-ABLATIONS: dict[str, list[str]] = {
-    "off-support gates resumed from a per-tensor mean (previous default)": ["method.off_support_gates=resume"],
-    "no entropy term (T = 0)": ["method.temperature=0"],
-    "strong entropy term (T = 10)": ["method.temperature=10"],
-    "strong entropy term (T = 100)": ["method.temperature=100"],
-    "log-scale constraint + augmented Lagrangian μ = 1 (previous defaults)": [
-        "method.constraint_scale=log",
-        "method.penalty=1.0",
-        "method.lambda_lr=0.0005",
-    ],
-    "log-scale constraint alone (μ = 0, λ step 10 ρ)": ["method.constraint_scale=log", "method.lambda_lr=0.2"],
-    "Adam (lr 0.01, log α lr 0.3) instead of SGD": [
-        "method.client_optimizer._target_=torch.optim.Adam",
-        "method.client_optimizer.lr=0.01",
-        "method.log_alpha_lr=0.3",
-    ],
+ABLATIONS: dict[str, tuple[str, list[str]]] = {
+    "resume": (
+        "off-support gates resumed from a per-tensor mean (previous default)",
+        ["method.off_support_gates=resume"],
+    ),
+    "regrow": ("closed coordinates regrow by their SGD-predicted weight", ["method.off_support_gates=regrow"]),
+    "T0": ("no entropy term (T = 0)", ["method.temperature=0"]),
+    "T10": ("strong entropy term (T = 10)", ["method.temperature=10"]),
+    "T100": ("strong entropy term (T = 100)", ["method.temperature=100"]),
+    "log_mu1": (
+        "log-scale constraint + augmented Lagrangian μ = 1 (previous defaults)",
+        ["method.constraint_scale=log", "method.penalty=1.0", "method.lambda_lr=0.0005"],
+    ),
+    "log": ("log-scale constraint alone (μ = 0, λ step 10 ρ)", ["method.constraint_scale=log", "method.lambda_lr=0.2"]),
+    "adam": (
+        "Adam (lr 0.01, log α lr 0.3) instead of SGD",
+        [
+            "method.client_optimizer._target_=torch.optim.Adam",
+            "method.client_optimizer.lr=0.01",
+            "method.log_alpha_lr=0.3",
+        ],
+    ),
 }
+"""E-FLoPS ablations by name (``--ablations``): a label and the overrides on top of the tuned default."""
 
 
 def base(method: str, data_root: str) -> list[str]:
@@ -83,6 +90,13 @@ def features_of(coef: np.ndarray, probe_ids: tuple[str, ...], names: tuple[str, 
     return [
         {"probe_id": probe_ids[j], "name": names[j], "weights": [float(coef[j])]} for j in np.flatnonzero(coef[:-1])
     ]
+
+
+def gate_columns(runs: list[dict], selected: list[set[str]]) -> str:
+    """``| D | pull | Jaccard |`` of E-FLoPS runs: the server's expected density, the median KL/constraint pull."""
+    d = np.nanmean([float(r.get("model/expected_density", np.nan)) for r in runs])
+    pull = np.nanmedian([float(r.get("model/kl_pull_ratio", np.nan)) for r in runs])
+    return f"| {d:.4f} | {pull:.2g} | {jaccard_stability(selected):.3f} |"
 
 
 def paired(a: list[float], b: list[float]) -> str:
@@ -97,6 +111,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--ablation-seeds", type=int, default=10)
     parser.add_argument("--tune-seeds", type=int, default=2)
+    parser.add_argument("--ablations", nargs="*", default=list(ABLATIONS), choices=list(ABLATIONS))
+    parser.add_argument("--ablations-only", action="store_true", help="tuning and ablations, no evaluation")
     parser.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"))
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "eflops_golub.md"))
     args = parser.parse_args()
@@ -171,29 +187,34 @@ def main() -> None:
     k = min(args.ablation_seeds, args.seeds)
     if k:
         abl += ["", f"## E-FLoPS ablations (seeds 0..{k - 1}, each against the tuned default on the same seeds)", ""]
-        abl += ["| variant | test acc (mean ± sd) | vs default | CST3 | MPO |", "|---|---|---|---|---|"]
+        abl += [
+            "| variant | test acc (mean ± sd) | vs default | CST3 | MPO | D (mean) | KL/constraint pull (median) "
+            "| Jaccard stability |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         runs = [federated_run([*base("eflops", args.data_root), *chosen["eflops"], f"seed={s}"]) for s in range(k)]
         ref = [float(s["test/acc"]) for s in runs]
         ref_sel = [{f["probe_id"] for f in s["features"]} for s in runs]
         abl.append(
             f"| default (tuned) | {np.mean(ref):.3f} ± {np.std(ref, ddof=1):.3f} | — "
             + "".join(f"| {sum(p in s for s in ref_sel)}/{k} " for p in MARKERS)
-            + "|"
+            + gate_columns(runs, ref_sel)
         )
-        for label, extra in ABLATIONS.items():
-            a, sel = [], []
+        for label, extra in (ABLATIONS[name] for name in args.ablations):
+            a, sel, variant_runs = [], [], []
             for seed in range(k):
                 s = federated_run([*base("eflops", args.data_root), *chosen["eflops"], *extra, f"seed={seed}"])
                 a.append(float(s["test/acc"]))
                 sel.append({f["probe_id"] for f in s["features"]})
+                variant_runs.append(s)
             abl.append(
                 f"| {label} (`{' '.join(extra)}`) | {np.mean(a):.3f} ± {np.std(a, ddof=1):.3f} | {paired(a, ref)} "
                 + "".join(f"| {sum(p in s for s in sel)}/{k} " for p in MARKERS)
-                + "|"
+                + gate_columns(variant_runs, sel)
             )
             print(abl[-1], file=sys.stderr, flush=True)
             write(out + abl)
-    for seed in range(args.seeds):
+    for seed in range(0 if args.ablations_only else args.seeds):
         for method in FEDERATED:
             s = federated_run([*base(method, args.data_root), *chosen[method], f"seed={seed}"])
             acc[method].append(float(s["test/acc"]))
@@ -223,14 +244,16 @@ def main() -> None:
         print(f"seed {seed}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in acc.items()), file=sys.stderr, flush=True)
         if seed > 0:
             write(out + evaluation() + abl)
-    out += evaluation()
+    if not args.ablations_only:
+        out += evaluation()
     write(out + abl)
 
 
 def _header(args: argparse.Namespace, started: float) -> list[str]:
     cmd = (
         f"python benchmarks/golub_comparison.py --seeds {args.seeds} --ablation-seeds {args.ablation_seeds} "
-        f"--tune-seeds {args.tune_seeds}"
+        f"--tune-seeds {args.tune_seeds} --ablations {' '.join(args.ablations)}"
+        + (" --ablations-only" if args.ablations_only else "")
     )
     head = [
         "# Golub leukemia (72 × 3,571): E-FLoPS vs Fed-IHT vs FedAvg + pruning vs centralised references",

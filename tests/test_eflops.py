@@ -175,7 +175,13 @@ def test_engine_contract() -> None:
     for hook in ("configure_optimizers", "training_step", "on_train_batch_end", "on_test_epoch_end"):
         assert hook not in vars(EFLoPS), hook  # the engine's round and Lightning's hooks are not overridden
     assert [type(cb) for cb in module.configure_callbacks()] == [SparseModelReport]
-    assert set(module.server_metrics(1)) == {"eflops/lambda", "eflops/mean_prob_nonzero", "eflops/temperature"}
+    assert set(module.server_metrics(1)) == {
+        "eflops/lambda",
+        "eflops/mean_prob_nonzero",
+        "eflops/temperature",
+        "model/expected_density",  # D and the KL/constraint pull reach the run summary
+        "model/kl_pull_ratio",
+    }
     with pytest.raises(ConfigError, match="gated sparse values"):
         module.uplink_channel.attach(Sign())  # a dense operator does not understand the gated message
     with pytest.raises(ConfigError, match="aggregation"):
@@ -429,3 +435,60 @@ def test_expected_density_matches_target_and_support_gates_are_open(
     weights = [w for f in features for w in f["weights"]]
     assert len(weights) >= 5 and min(abs(w) for w in weights) >= 0.03, weights
     assert summary["model/nonzero"] == 6
+
+
+@pytest.mark.parametrize("off_support_gates", ["closed", "regrow"])
+def test_support_after_round_two_is_fixed_when_closed_and_revised_with_regrow(
+    off_support_gates: str, make_config: Callable[..., object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's support (its m most open gates) after each round, same problem as above.
+
+    ``closed`` never revises the support chosen in rounds 1–2 (a closed gate gets no gradient);
+    ``regrow`` lets a closed coordinate back in, and still holds D within 10% of ρ with exactly
+    m non-zeros in the evaluated model.
+    """
+    supports: list[frozenset[int]] = []
+    states: list[EFLoPS] = []
+    rebuild = EFLoPS.set_server_state
+
+    def capture(self: EFLoPS, **kwargs: object) -> None:
+        rebuild(self, **kwargs)  # type: ignore[arg-type]
+        pi = self.hc.prob_nonzero(self.log_alpha.detach())
+        supports.append(frozenset(torch.topk(pi, self.m).indices.tolist()))
+        states[:] = [self]
+
+    monkeypatch.setattr(EFLoPS, "set_server_state", capture)
+    cfg = make_config(
+        [
+            "+experiment=sparse_regression_eflops",
+            "data.num_features=300",
+            "data.sparsity=6",
+            "data.samples_per_parameter=0.5",
+            "data.num_test=200",
+            "data.val_fraction=0",
+            "method.lambda_lr=1000",
+            f"method.off_support_gates={off_support_gates}",
+            "rounds=10",
+            "eval_every=1000",
+        ]
+    )
+    summary = run(cfg, tmp_path)  # type: ignore[arg-type]
+    later = set(supports[1:])  # the supports after rounds 2..10
+    if off_support_gates == "closed":
+        assert len(later) == 1, [sorted(s) for s in supports]
+    else:
+        assert len(later) > 1, [sorted(s) for s in supports]
+    d = float(states[0].hc.prob_nonzero(states[0].log_alpha.detach()).mean())
+    assert abs(d - 0.02) <= 0.1 * 0.02 and summary["model/expected_density"] == pytest.approx(d)
+    assert summary["model/nonzero"] == 6
+
+
+@pytest.mark.parametrize("method", ["eflops", "fediht", "fedavg_prune"])
+def test_mnist_cnn_experiment_runs_every_method_at_its_defaults(
+    method: str, make_config: Callable[..., object]
+) -> None:
+    """The three methods of the MNIST CNN comparison share data, rounds and ρ = 0.025, each at its own defaults."""
+    cfg = make_config(["+experiment=eflops_mnist_cnn", f"method={method}"])
+    assert cfg.method.density == 0.025 and cfg.rounds == 50 and cfg.data.num_clients == 10  # type: ignore[attr-defined]
+    assert cfg.method.client_optimizer._target_ == "torch.optim.SGD"  # type: ignore[attr-defined]
+    assert cfg.method.client_optimizer.lr == 0.03  # type: ignore[attr-defined]

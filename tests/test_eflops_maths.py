@@ -12,12 +12,15 @@ import pytest
 import torch
 from torch import nn
 
+from fedlightning.errors import ConfigError
 from fedlightning.methods.eflops import (
     CONSTRAINT_SCALES,
     EFLoPS,
     annealed_temperature,
     dual_ascent_step,
+    kl_to_constraint_pull,
     nonzero_top_m_mask,
+    regrow_candidates,
     unpack_gate_state,
 )
 from fedlightning.methods.fediht import iterative_hard_thresholding
@@ -110,3 +113,32 @@ def test_centralised_iht_orthogonal_design_and_logistic_support() -> None:
     ys = (xs[:, 7] - 0.8 * xs[:, 3] > 0).astype(float)
     coef = iterative_hard_thresholding(xs, ys, m=2, loss="logistic", steps=300)
     assert set(np.flatnonzero(coef).tolist()) == {3, 7} and coef[7] > 0 > coef[3]
+
+
+def test_kl_to_constraint_pull_hand_value() -> None:
+    # T |logit(0.99) - logit(0.02)| / |lambda| = 0.001 * (4.59512 + 3.89182) / 161 = 5.2714e-5
+    ratio = kl_to_constraint_pull(torch.tensor([0.99, 0.02]), -161.0, 0.001, 0.02)
+    assert ratio.tolist() == pytest.approx([0.001 * (math.log(99) + math.log(49)) / 161, 0.0], rel=1e-5)
+    assert math.isinf(float(kl_to_constraint_pull(torch.tensor([0.5]), 0.0, 1.0, 0.02)))  # lambda = 0
+
+
+def test_regrow_candidates_take_one_sgd_prediction_at_the_open_gate() -> None:
+    theta, log_alpha = torch.tensor([0.5, 0.1, -0.2]), torch.tensor([4.0, -10.0, -10.0])
+    closed = torch.tensor([False, True, True])
+    t, a = regrow_candidates(theta, log_alpha, closed, torch.tensor([9.0, -3.0, 0.5]), 0.1, 0.0)
+    assert t.tolist() == pytest.approx([0.5, 0.4, -0.25])  # theta - lr * mean gradient, closed only
+    assert a.tolist() == [4.0, 0.0, 0.0]
+
+
+def test_annealed_temperature_reaches_zero_in_the_last_engine_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _module(density=0.5, temperature=0.4, temperature_schedule="linear")
+    monkeypatch.setattr(EFLoPS, "attached_trainer", property(lambda self: types.SimpleNamespace(max_steps=3)))
+    # the engine numbers rounds from 0: rounds 1, 2, 3 of 3 are round_idx 0, 1, 2
+    assert [module.temperature_at(i) for i in range(3)] == pytest.approx([0.4, 0.2, 0.0])
+
+
+def test_regrow_refuses_a_non_sgd_optimiser() -> None:
+    import functools
+
+    with pytest.raises(ConfigError, match="regrow"):
+        _module(density=0.5, off_support_gates="regrow", client_optimizer=functools.partial(torch.optim.Adam, lr=0.1))

@@ -20,16 +20,15 @@ server rebuilds θ̃ and π̄ as sample-weighted means over the senders and reco
 The evaluated network is θ̃ ⊙ E[z] pruned to its m largest magnitudes.
 
 Departures from the text are named options, measured in ``benchmarks/results/eflops.md``:
-``constraint_scale`` (log D − log ρ, D/ρ − 1), ``penalty`` (augmented Lagrangian (μ/2) c²),
-``density_estimator="expected_gate"``, ``prior="uniform"``, ``off_support_gates="resume"``
-(a per-tensor mean π off the support) and an Adam ``client_optimizer``.
+``constraint_scale``, ``penalty`` (augmented Lagrangian), ``density_estimator="expected_gate"``,
+``prior="uniform"``, ``off_support_gates="resume"`` / ``"regrow"`` and an Adam optimiser.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import lightning as L
@@ -64,9 +63,11 @@ __all__ = [
     "dual_ascent_step",
     "expand_groups",
     "gated_top_m",
+    "kl_to_constraint_pull",
     "nonzero_top_m_mask",
     "off_support_means",
     "pack_gate_state",
+    "regrow_candidates",
     "unpack_gate_state",
 ]
 
@@ -179,6 +180,45 @@ def annealed_temperature(temperature: float, *, round_idx: int, rounds: int, sch
     if schedule == "cosine":
         return temperature * 0.5 * (1.0 + math.cos(math.pi * s))
     raise ValueError(f"unknown temperature schedule {schedule!r}; choose one of {', '.join(TEMPERATURE_SCHEDULES)}")
+
+
+def kl_to_constraint_pull(pi: Tensor, lagrange: float, temperature: float, prior: float) -> Tensor:
+    """|∂(T · KL)/∂π_j| / |∂(λ c)/∂π_j| per gate, for c = D − ρ and the mean KL to Bernoulli(``prior``).
+
+    Both terms are means over |θ|, so the factor 1/|θ| (and ∂π_j/∂φ_j) cancels and the ratio is
+    T |logit π_j − logit p| / |λ|: how strongly the entropy term pulls a gate relative to the
+    density constraint (inf where λ = 0).
+
+    >>> import torch
+    >>> [round(v, 4) for v in kl_to_constraint_pull(torch.tensor([0.5, 0.9]), -2.0, 0.1, 0.5).tolist()]
+    [0.0, 0.1099]
+    """
+    p = torch.as_tensor(prior, dtype=pi.dtype)
+    q = pi.clamp(1e-7, 1.0 - 1e-7)
+    pull = temperature * (torch.logit(q) - torch.logit(p)).abs()
+    return pull / abs(lagrange) if lagrange != 0 else torch.full_like(pull, math.inf)
+
+
+def regrow_candidates(
+    theta: Tensor, log_alpha: Tensor, closed: Tensor, grad_mean: Tensor, lr: float, log_alpha_open: float
+) -> tuple[Tensor, Tensor]:
+    """(θ̃, log α) with every ``closed`` coordinate replaced by its regrowth candidate.
+
+    A closed gate (z_j = 0) passes no gradient to θ̃_j, but the data loss still has a gradient
+    g_j = ∂ℓ/∂θ_j at the effective weight θ_j = θ̃_j z_j = 0. Its candidate is one SGD step
+    from an open gate, θ̃_j − η ḡ_j with ḡ_j the mean of g_j over the local steps, at the
+    shared initial gate ``log_alpha_open``; it then competes for the top m like any other
+    coordinate (a gradient regrowth in the spirit of RigL, arXiv 1911.11134).
+
+    >>> import torch
+    >>> th, la = torch.tensor([1.0, 0.25]), torch.tensor([3.0, -10.0])
+    >>> t, a = regrow_candidates(th, la, torch.tensor([False, True]), torch.tensor([5.0, -4.0]), 0.5, 0.0)
+    >>> t.tolist(), a.tolist()
+    ([1.0, 2.25], [3.0, 0.0])
+    """
+    theta_new = torch.where(closed, theta - lr * grad_mean, theta)
+    log_alpha_new = torch.where(closed, torch.full_like(log_alpha, log_alpha_open), log_alpha)
+    return theta_new, log_alpha_new
 
 
 def nonzero_top_m_mask(scores: Tensor, m: int) -> Tensor:
@@ -424,6 +464,7 @@ class _LocalGates:
     lagrange: float
     data_loss_sum: Tensor
     density: Tensor | None = None
+    gated: list[Tensor] = field(default_factory=list)
 
 
 class EFLoPS(FederatedModule):
@@ -452,7 +493,11 @@ class EFLoPS(FederatedModule):
         constraint: ``"equality"`` (D = ρ, λ free in sign) or ``"inequality"`` (D ≤ ρ, λ ≥ 0).
         off_support_gates: ``"closed"`` (a gate no message carries is closed, log α = ``log_alpha_min``,
             on both sides; in round 1 every gate starts at ``log_alpha_init`` and λ is held, a
-            screening round), ``"resume"`` (one off-support mean π per tensor in every message) or
+            screening round), ``"regrow"`` (as ``"closed"``, and a closed coordinate re-enters the
+            upload when one SGD step of its mean gradient, at the initial gate, beats the m-th score:
+            :func:`regrow_candidates`; needs an SGD ``client_optimizer``; the server closes every
+            gate outside its own top m after the rebuild), ``"resume"`` (one
+            off-support mean π per tensor in every message) or
             ``"reset"`` (off-support log α restarts at ``log_alpha_init``, non-senders count as closed).
         constraint_scale: c = D − ρ (``"absolute"``, the text), D/ρ − 1 (``"relative"``) or
             log D − log ρ (``"log"``).
@@ -490,7 +535,7 @@ class EFLoPS(FederatedModule):
         selection: Literal["expected_magnitude", "test_gate"] = "expected_magnitude",
         off_support: Literal["init", "zero"] = "init",
         constraint: Literal["inequality", "equality"] = "equality",
-        off_support_gates: Literal["closed", "resume", "reset"] = "closed",
+        off_support_gates: Literal["closed", "regrow", "resume", "reset"] = "closed",
         constraint_scale: Literal["log", "relative", "absolute"] = "absolute",
         gate_aggregation: Literal["senders", "all"] = "senders",
         penalty: float = 0.0,
@@ -510,7 +555,7 @@ class EFLoPS(FederatedModule):
             "selection": (selection, ("expected_magnitude", "test_gate")),
             "off_support": (off_support, ("init", "zero")),
             "constraint": (constraint, ("inequality", "equality")),
-            "off_support_gates": (off_support_gates, ("closed", "resume", "reset")),
+            "off_support_gates": (off_support_gates, ("closed", "regrow", "resume", "reset")),
             "constraint_scale": (constraint_scale, tuple(CONSTRAINT_SCALES)),
             "gate_aggregation": (gate_aggregation, ("senders", "all")),
             "final_support": (final_support, ("top_m", "test_gate")),
@@ -521,6 +566,12 @@ class EFLoPS(FederatedModule):
         if temperature < 0 or lambda_lr < 0 or lambda_init < 0 or penalty < 0:
             raise ConfigError(
                 "method.temperature, method.lambda_lr, method.lambda_init and method.penalty must be >= 0."
+            )
+        factory = kwargs.get("client_optimizer")
+        if off_support_gates == "regrow" and getattr(factory, "func", torch.optim.SGD) is not torch.optim.SGD:
+            raise ConfigError(
+                "method.off_support_gates=regrow predicts a closed coordinate's weight by plain SGD steps; "
+                "use method.client_optimizer._target_=torch.optim.SGD or another off_support_gates."
             )
         if quadrature_nodes < 1:
             raise ConfigError(f"method.quadrature_nodes must be at least 1 (got {quadrature_nodes}).")
@@ -582,11 +633,11 @@ class EFLoPS(FederatedModule):
         return self._constraint(density, self.rho)
 
     def temperature_at(self, round_idx: int) -> float:
-        """T_t of ``round_idx`` under ``temperature_schedule`` (the run's rounds from the trainer)."""
+        """T_t of the engine's ``round_idx`` (0 for round 1) under ``temperature_schedule``."""
         trainer = self.attached_trainer
         rounds = int(trainer.max_steps) if trainer is not None and trainer.max_steps and trainer.max_steps > 0 else 1
         return annealed_temperature(
-            self.temperature, round_idx=round_idx, rounds=rounds, schedule=self.temperature_schedule
+            self.temperature, round_idx=round_idx + 1, rounds=rounds, schedule=self.temperature_schedule
         )
 
     def kl_term(self, log_alpha: Tensor) -> Tensor:
@@ -608,7 +659,7 @@ class EFLoPS(FederatedModule):
 
     def _off_support_log_alpha(self, pi_off: Tensor, like: Tensor, round_idx: int = 1) -> Tensor:
         """log α that a coordinate outside the support takes (and its π when counted by the server)."""
-        if self.off_support_gates == "closed":  # not carried: closed, except the shared initial state of round 1
+        if self.off_support_gates in ("closed", "regrow"):  # closed, except the shared initial state of round 1
             return torch.full_like(like, self.log_alpha_init if round_idx < 1 else self.hc.log_alpha_min)
         if not self.num_groups:
             return torch.full_like(like, self.log_alpha_init)
@@ -640,13 +691,25 @@ class EFLoPS(FederatedModule):
         with torch.no_grad():
             self.log_alpha.copy_(self.hc.log_alpha_from_prob_nonzero(pi.clamp(self.pi_min, 1.0 - 1e-7)))
             self.lagrange.copy_(lagrange)
+            if self.off_support_gates == "regrow":  # clients may send different coordinates: keep the top m open
+                keep = nonzero_top_m_mask(self.selection_scores(theta, self.log_alpha), self.m)
+                self.log_alpha.masked_fill_(~keep, self.hc.log_alpha_min)
         self._eval_cache = None
 
     def server_metrics(self, round_idx: int) -> dict[str, float]:
+        """λ, D = mean P(z ≠ 0) and T_t of the server state; ``model/*`` (D, the median KL/constraint
+        pull over the m most open gates) also reach the run summary as the last round's values."""
+        pi = self.hc.prob_nonzero(self.log_alpha.detach())
+        lam = float(self.lagrange.detach().squeeze())
+        temperature = self.temperature_at(round_idx)
+        prior = self.rho if self.prior == "target" else 0.5
+        pull = kl_to_constraint_pull(torch.topk(pi, self.m).values, lam, temperature, prior)
         return {
-            "eflops/lambda": float(self.lagrange.detach().squeeze()),
-            "eflops/mean_prob_nonzero": float(self.hc.prob_nonzero(self.log_alpha.detach()).mean()),
-            "eflops/temperature": self.temperature_at(round_idx),
+            "eflops/lambda": lam,
+            "eflops/mean_prob_nonzero": float(pi.mean()),
+            "eflops/temperature": temperature,
+            "model/expected_density": float(pi.mean()),
+            "model/kl_pull_ratio": float(pull.median()),
         }
 
     # ------------------------------------------------------------------ client
@@ -676,7 +739,11 @@ class EFLoPS(FederatedModule):
         )
         gate_gen = self.generator(round_idx, client_id, "gates")
         temperature = self.temperature_at(round_idx)
-        screening = self.off_support_gates == "closed" and round_idx < 1
+        screening = self.off_support_gates in ("closed", "regrow") and round_idx < 1
+        closed = ~unpack_gate_state(received, self.num_groups)[2] if self.off_support_gates == "regrow" else None
+        if closed is not None and round_idx < 1:
+            closed = None  # round 1: every gate starts open, nothing to regrow
+        grad_sum = torch.zeros(self.dim, device=self.device) if closed is not None else None
 
         def batch_loss(x: Tensor, y: Tensor) -> Tensor:
             """One gate sample per mini-batch; data loss + λ c + (μ/2) c² + T · KL."""
@@ -685,6 +752,10 @@ class EFLoPS(FederatedModule):
             gated = {
                 n: p * zj.view_as(p) for n, p, zj in zip(local.names, params, torch.split(z, local.sizes), strict=True)
             }
+            if grad_sum is not None:  # keep ∂ℓ/∂θ at the closed coordinates (θ = 0 there)
+                for g in gated.values():
+                    g.retain_grad()
+                local.gated = list(gated.values())
             data_loss = self.loss_fn(functional_call(model, gated, (x,)), y)
             dens = self.density_estimate(log_alpha)
             c = self.constraint_value(dens)
@@ -701,6 +772,9 @@ class EFLoPS(FederatedModule):
         def after_step() -> None:
             """Clamp log α, then λ ← λ + η_λ c(D) at the density of the step (λ ≥ 0 for the inequality)."""
             self.hc.clamp_(log_alpha)
+            if grad_sum is not None:
+                grads = [g.grad if g.grad is not None else torch.zeros_like(g) for g in local.gated]
+                grad_sum.add_(torch.cat([g.reshape(-1) for g in grads]))
             assert local.density is not None
             c = float(self.constraint_value(local.density))
             if screening:  # round 1 of "closed": every gate open, a screening step; λ waits for the support
@@ -717,7 +791,19 @@ class EFLoPS(FederatedModule):
             batch_loss=batch_loss,
             after_step=after_step,
         )
-        upload = self._message(flat_parameters(model), log_alpha.detach(), torch.tensor(local.lagrange))
+        theta_out, log_alpha_out = flat_parameters(model), log_alpha.detach()
+        if closed is not None and grad_sum is not None:
+            if not isinstance(done.optimizer, torch.optim.SGD):
+                raise ConfigError("method.off_support_gates=regrow needs an SGD client_optimizer.")
+            theta_out, log_alpha_out = regrow_candidates(
+                theta_out,
+                log_alpha_out,
+                closed,
+                grad_sum / max(done.steps, 1),
+                float(done.optimizer.param_groups[0]["lr"]),
+                self.log_alpha_init,
+            )
+        upload = self._message(theta_out, log_alpha_out, torch.tensor(local.lagrange))
         density = float(local.density) if local.density is not None else float("nan")
         return ClientResult(
             upload=upload,
