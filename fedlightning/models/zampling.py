@@ -296,6 +296,29 @@ class SparseQ:
         _kernels().slab_rmatvec(cols_t, vals_t, g.contiguous().numpy(), out.numpy())
         return out
 
+    def free_rmatvec(self, g: Tensor, free: Tensor) -> Tensor:
+        """Qᵀ·g on the columns where ``free`` is true, 0 elsewhere (compiled kernel; CPU only).
+
+        >>> q = SparseQ(cols=torch.tensor([[0], [1], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
+        >>> q.free_rmatvec(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([False, True])).tolist()
+        [0.0, 5.0]
+        """
+        g = self._check_length(g, self.m, "Qᵀ·g")
+        if free.shape != (self.n,) or free.dtype != torch.bool:
+            raise ValueError(f"free_rmatvec needs a boolean mask of the {self.n} columns.")
+        if not self.compiled("compiled"):
+            raise ConfigError("free_rmatvec runs on the compiled CPU kernels; use masked products on a GPU.")
+        out = torch.empty(self.n)
+        _kernels().free_rmatvec(
+            self.col_ptr.numpy(),
+            self.col_rows.numpy().view(np.uint32),
+            self.col_vals.numpy(),
+            free.contiguous().numpy(),
+            g.contiguous().numpy(),
+            out.numpy(),
+        )
+        return out
+
     def column_block(self, columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(ptr, rows, vals) of the CSR of Qᵀ restricted to ``columns`` (int64, sorted or not)."""
         counts = self.col_ptr[columns + 1] - self.col_ptr[columns]
@@ -465,10 +488,12 @@ class ZampledWeights:
     sit at 0 or 1.
 
     With ``mask_frozen`` the backward computes Qᵀ·g only on columns with 0 < p < 1 (the
-    paper's gradient mask): when fewer than ``dense_backward_fraction``·n are free, over a
-    cached CSR block of the free columns (:meth:`SparseQ.free_block`), rebuilt when a column
-    outside it became free or the free set shrank by ``rebuild_fraction``; otherwise by the
-    full product, then masked.
+    paper's gradient mask): when fewer than ``dense_backward_fraction``·n are free, with the
+    compiled kernels by one gather loop over the free columns of Q's CSC
+    (:meth:`SparseQ.free_rmatvec`: no index list, nothing cached), on ``torch`` over a cached
+    CSR block of the free columns (:meth:`SparseQ.free_block`), rebuilt when a column outside
+    it became free or the free set shrank by ``rebuild_fraction``; otherwise by the full
+    product, then masked.
 
     ``fast=False`` disables both shortcuts and uses ``torch.mv`` on CSR for the full products
     every step (full Qᵀ·g, then masked): an independent reference path for the tests.
@@ -525,7 +550,7 @@ class ZampledWeights:
         self._since_refresh = 0
         self._free: Tensor | None = None
         self._block: tuple[Tensor, Tensor, Tensor] | None = None  # (columns, membership, CSR block)
-        self.stats = {"full": 0, "incremental": 0, "flipped": 0, "block_builds": 0}
+        self.stats = {"full": 0, "incremental": 0, "flipped": 0, "block_builds": 0, "free_kernel": 0}
 
     def weights_for(self, z: Tensor) -> Tensor:
         """Q·z, reusing the previous product when few coordinates changed (no autograd).
@@ -563,6 +588,9 @@ class ZampledWeights:
         num_free = int(free.sum())
         if num_free >= self.dense_backward_fraction * self.q.n:
             return self.q.rmatvec(g, backend=self.backend) * free.to(g.dtype)
+        if self.q.compiled(self.backend):  # one gather loop over the free columns of the CSC
+            self.stats["free_kernel"] += 1
+            return self.q.free_rmatvec(g, free)
         block = self._block
         if (
             block is None
