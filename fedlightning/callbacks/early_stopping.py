@@ -8,9 +8,9 @@ default) the test then scores the state of the best evaluated round (the server 
 ``state_dict()``, kept in memory and in every checkpoint), not the last one, and logs which
 round it scored as ``test/scored_round``; without it the last round is tested and named.
 
-The Zampling paper (arXiv 2503.14246) trains its centralised runs "up to 100 epochs with
-early stopping": ``rounds=100`` with this callback on a held-out validation split is that
-protocol. Lightning's own ``EarlyStopping`` stops but leaves the test on the last weights,
+The Zampling paper (arXiv 2503.14246) trains "for 100 epochs with early stopping, using 10
+epochs of patience and a delta of 10^-4": for its centralised runs (one round = one epoch) that
+is ``rounds=100`` with ``patience=10``, ``min_delta=1e-4`` on a held-out validation split. Lightning's own ``EarlyStopping`` stops but leaves the test on the last weights,
 and its ``ModelCheckpoint`` restores through a file and the trainer's ``ckpt_path``; this
 callback keeps the best state itself so that ``fedlightning.run`` needs no second test path.
 
