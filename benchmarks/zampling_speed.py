@@ -349,6 +349,8 @@ class _InterleavedS1(L.Callback):
         self.frozen.append(frozen_fraction(pl_module.p.detach()))
         self.s1_times.append(_one_round(self.s1))
         gc.freeze()  # the S1 trainer's end of training unfroze the collector; a real run keeps it frozen
+        r, a, b = len(self.s5_times), self.s5_times[-1], self.s1_times[-1]
+        print(f"round {r}: S5 {a:.2f} s, S1 {b:.2f} s, S5/S1 {a / b:.2f}, frozen {self.frozen[-1]:.3f}", flush=True)
 
 
 def s5_run_benchmark(data_root: str, rounds: int) -> dict[str, list[float]]:

@@ -622,13 +622,8 @@ def test_fast_path_matches_reference_over_a_training_run(backend: str) -> None:
         s.grad = g_ref.clone()
         adam.step()
     # the fast shortcuts were actually exercised, the reference never took them
-    assert fast.stats["incremental"] >= 60
-    if backend == "torch":  # the cached free-column block, rebuilt as columns freeze and thaw
-        assert fast.stats["block_builds"] >= 2 and fast.stats["free_kernel"] == 0
-    else:  # the compiled gather over the free columns, no block
-        assert fast.stats["free_kernel"] >= 60 and fast.stats["block_builds"] == 0
+    assert fast.stats["incremental"] >= 60 and fast.stats["block_builds"] >= 2
     assert reference.stats["incremental"] == 0 and reference.stats["block_builds"] == 0
-    assert reference.stats["free_kernel"] == 0
 
 
 def test_incremental_drift_is_bounded_over_many_steps() -> None:

@@ -488,12 +488,13 @@ class ZampledWeights:
     sit at 0 or 1.
 
     With ``mask_frozen`` the backward computes Qᵀ·g only on columns with 0 < p < 1 (the
-    paper's gradient mask): when fewer than ``dense_backward_fraction``·n are free, with the
-    compiled kernels by one gather loop over the free columns of Q's CSC
-    (:meth:`SparseQ.free_rmatvec`: no index list, nothing cached), on ``torch`` over a cached
-    CSR block of the free columns (:meth:`SparseQ.free_block`), rebuilt when a column outside
-    it became free or the free set shrank by ``rebuild_fraction``; otherwise by the full
-    product, then masked.
+    paper's gradient mask): when fewer than ``dense_backward_fraction``·n are free, over a
+    cached CSR block of the free columns (:meth:`SparseQ.free_block`), rebuilt when a column
+    outside it became free or the free set shrank by ``rebuild_fraction``; otherwise by the
+    full product, then masked. (:meth:`SparseQ.free_rmatvec`, one compiled gather over the
+    free columns of the CSC with nothing cached, is the candidate replacement timed by
+    ``benchmarks/zampling_speed.py --kernels``; it is not used here until a quiet
+    measurement shows it faster.)
 
     ``fast=False`` disables both shortcuts and uses ``torch.mv`` on CSR for the full products
     every step (full Qᵀ·g, then masked): an independent reference path for the tests.
@@ -550,7 +551,7 @@ class ZampledWeights:
         self._since_refresh = 0
         self._free: Tensor | None = None
         self._block: tuple[Tensor, Tensor, Tensor] | None = None  # (columns, membership, CSR block)
-        self.stats = {"full": 0, "incremental": 0, "flipped": 0, "block_builds": 0, "free_kernel": 0}
+        self.stats = {"full": 0, "incremental": 0, "flipped": 0, "block_builds": 0}
 
     def weights_for(self, z: Tensor) -> Tensor:
         """Q·z, reusing the previous product when few coordinates changed (no autograd).
@@ -588,9 +589,6 @@ class ZampledWeights:
         num_free = int(free.sum())
         if num_free >= self.dense_backward_fraction * self.q.n:
             return self.q.rmatvec(g, backend=self.backend) * free.to(g.dtype)
-        if self.q.compiled(self.backend):  # one gather loop over the free columns of the CSC
-            self.stats["free_kernel"] += 1
-            return self.q.free_rmatvec(g, free)
         block = self._block
         if (
             block is None
