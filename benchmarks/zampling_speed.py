@@ -33,10 +33,17 @@ size, whose validation pass also scores ``val_samples`` (20) sampled networks, o
 times, for every candidate in turn, one round (training) and one validation pass; a round of
 S5 is training + its validation.
 
+Part 5 (``--s5-run R``), S5 against S1 along a run: one Trainer trains S5 for R rounds
+(round indices 0 … R − 1, so p polarises as in a real run; no evaluation), and after each S5
+round one S1 round (FedAvg, batch 32, its own module and a fresh Trainer) is timed in the same
+process, so every S5 round has an S1 round of the same moment to compare with. It prints the
+ratio per round, S5's frozen fraction of p, and the mean ratio over rounds 1–10, 11–20, ….
+
 All timings interleave the candidates within every repetition and report medians:
 
     python benchmarks/zampling_speed.py --data-root ../shared/data --kernels --repeats 21 --rounds 12
     python benchmarks/zampling_speed.py --data-root ../shared/data --repeats 0 --rounds 0 --s5 5
+    python benchmarks/zampling_speed.py --data-root ../shared/data --repeats 0 --rounds 0 --s5-run 30
 
 Timings on a shared machine are noisy: compare the ratios printed at the end.
 """
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import statistics
 import time
 from typing import Any
@@ -143,9 +151,13 @@ def kernel_benchmark(repeats: int) -> dict[str, float]:
             fns[f"fwd incremental {backend} (copy w + flips), {100 * share:.0f}% flipped"] = (
                 lambda flips=flips, coef=coef, backend=backend: q.add_columns_(w.clone(), flips, coef, backend=backend)
             )
-    for share in (0.5, 0.2, 0.1):
-        columns = torch.nonzero(torch.rand(n, generator=gen) < share).squeeze(1)
+    for share in (0.8, 0.6, 0.5, 0.2, 0.1, 0.05):
+        free = torch.rand(n, generator=gen) < share
+        columns = torch.nonzero(free).squeeze(1)
         block = q.free_block(columns)
+        fns[f"bwd free-column compiled gather (CSC), {100 * share:.0f}% free"] = lambda free=free: q.free_rmatvec(
+            g, free
+        )
         fns[f"bwd free-column block, {100 * share:.0f}% free"] = lambda block=block: torch.mv(block, g_ext)
         fns[f"  (its rebuild, {100 * share:.0f}% free)"] = lambda columns=columns: q.free_block(columns)
     return _interleaved_median_ms(fns, repeats)
@@ -319,6 +331,70 @@ def s5_benchmark(data_root: str, repetitions: int) -> dict[str, list[float]]:
     return out
 
 
+class _InterleavedS1(L.Callback):
+    """Times each S5 round of the run it is attached to, then one S1 round of ``s1``."""
+
+    def __init__(self, s1: L.LightningModule) -> None:
+        self.s1 = s1
+        self.s5_times: list[float] = []
+        self.s1_times: list[float] = []
+        self.frozen: list[float] = []
+
+    def on_train_batch_start(self, *args: object) -> None:
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
+        self.s5_times.append(time.perf_counter() - self.start)
+        assert isinstance(pl_module, Zampling)
+        self.frozen.append(frozen_fraction(pl_module.p.detach()))
+        self.s1_times.append(_one_round(self.s1))
+        gc.freeze()  # the S1 trainer's end of training unfroze the collector; a real run keeps it frozen
+        r, a, b = len(self.s5_times), self.s5_times[-1], self.s1_times[-1]
+        print(f"round {r}: S5 {a:.2f} s, S1 {b:.2f} s, S5/S1 {a / b:.2f}, frozen {self.frozen[-1]:.3f}", flush=True)
+
+
+def s5_run_benchmark(data_root: str, rounds: int) -> dict[str, list[float]]:
+    """S5 trained for ``rounds`` rounds in one run, an S1 round timed after each (seconds)."""
+    dm = MNISTDataModule(root=data_root, num_clients=10, partition=IIDPartition())
+    dm.setup("fit")
+
+    def mnistfc() -> torch.nn.Module:
+        return build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+
+    s1 = FedAvg(model=mnistfc(), datamodule=dm, client_optimizer=lambda ps: torch.optim.SGD(ps, lr=0.05), batch_size=32)
+    s5 = Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=32)
+    _one_round(s1)  # warm-up: the first S1 round pays one-time costs of the process
+    interleave = _InterleavedS1(s1)
+    trainer = L.Trainer(
+        max_steps=rounds,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[FullParticipation(), interleave],
+    )
+    trainer.fit(s5)
+    return {"S5": interleave.s5_times, "S1": interleave.s1_times, "frozen": interleave.frozen}
+
+
+def s5_run_report(times: dict[str, list[float]]) -> None:
+    """Print the per-round S5 / S1 ratios along the run and their means over blocks of 10 rounds."""
+    ratios = [a / b for a, b in zip(times["S5"], times["S1"], strict=True)]
+    print("round  S5 s    S1 s    S5/S1  frozen share of p after the round")
+    for r, (a, b, q, f) in enumerate(zip(times["S5"], times["S1"], ratios, times["frozen"], strict=True), start=1):
+        print(f"{r:5d}  {a:6.2f}  {b:6.2f}  {q:5.2f}  {f:.3f}")
+    for start in range(0, len(ratios), 10):
+        block = ratios[start : start + 10]
+        s5 = sum(times["S5"][start : start + 10])
+        s1 = sum(times["S1"][start : start + 10])
+        print(
+            f"rounds {start + 1}-{start + len(block)}: median ratio {statistics.median(block):.2f}, "
+            f"ratio of sums {s5 / s1:.2f}, max {max(block):.2f}, rounds at most 2x: {sum(q <= 2 for q in block)}"
+        )
+    print(f"all {len(ratios)} rounds: ratio of sums {sum(times['S5']) / sum(times['S1']):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True)
@@ -326,10 +402,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=21, help="interleaved step repetitions")
     parser.add_argument("--kernels", action="store_true", help="also time the Q·z / Qᵀ·g kernels alone")
     parser.add_argument("--s5", type=int, default=0, help="interleaved S5-vs-S1 repetitions (0: skip)")
+    parser.add_argument("--s5-run", type=int, default=0, help="S5 rounds of one run, an S1 round after each (0: skip)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.s5 > 0:
         s5_report(s5_benchmark(args.data_root, args.s5))
+    if args.s5_run > 0:
+        s5_run_report(s5_run_benchmark(args.data_root, args.s5_run))
     if args.kernels:
         print("kernels, m/n = 32, d = 10, median ms:")
         for name, ms in kernel_benchmark(args.repeats).items():

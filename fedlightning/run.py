@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.callbacks.bits_accuracy import BitsVsAccuracy
+from fedlightning.callbacks.early_stopping import early_stopping_callback
 from fedlightning.checkpointing import AtomicCheckpointIO, RoundCheckpoint, scalar_metrics
 from fedlightning.console import RoundProgressBar, quiet_lightning
 from fedlightning.errors import ConfigError, FedLightningError
@@ -176,6 +177,7 @@ def _run(
     choices = dict(choices or {})
     quiet_lightning()
     configure_threads(cfg.get("threads"))
+    early_stopping = early_stopping_callback(cfg.get("early_stopping"))  # its settings are checked before the data
 
     partition = _build(cfg.partition, "partition")
     datamodule = _build(cfg.data, "data", partition=partition, seed=int(cfg.seed))
@@ -224,6 +226,8 @@ def _run(
             callback = _build(node, group)
             attach_compressor(callback, module, group)  # refuses a payload it does not understand, now
             callbacks.append(callback)
+    if early_stopping is not None:
+        callbacks.append(early_stopping)
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is not None:
             callbacks.append(_build(node, f"callbacks.{name}"))

@@ -97,6 +97,13 @@ class TrainSchema:
         default=False, metadata=_spec("print_config=true", "print the resolved config (always in config.yaml)")
     )
     callbacks: dict[str, Any] = field(default_factory=dict, metadata=_spec("callbacks={}", "named callback nodes"))
+    early_stopping: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=_spec(
+            "early_stopping.monitor=val/acc",
+            "stop once a validation metric stops improving and test the best round (monitor null: off)",
+        ),
+    )
     method: Any = None
     model: Any = None
     data: Any = None

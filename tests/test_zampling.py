@@ -7,15 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
 
 from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation
+from fedlightning.compression.arithmetic import BernoulliRangeCodec
 from fedlightning.compression.codecs import BitPackCodec
 from fedlightning.compression.operators import Sign
 from fedlightning.datamodules import DigitsDataModule
-from fedlightning.errors import ConfigError
+from fedlightning.errors import ConfigError, MessageDecodeError
 from fedlightning.federated.hooks import FederatedCallback
 from fedlightning.federated.message import Message
 from fedlightning.federated.payloads import Payload
@@ -23,6 +25,7 @@ from fedlightning.methods.zampling import (
     OPTIMIZER_KEY,
     RANGE_METRIC,
     ClippedScore,
+    MaskCodec,
     SampledNetwork,
     SigmoidScore,
     Zampling,
@@ -144,6 +147,18 @@ def test_compiled_kernels_equal_the_torch_products(n: int) -> None:
     q.add_columns_(compiled, columns, coef, backend="compiled")
     q.add_columns_(reference, columns, coef, backend="torch")
     assert torch.allclose(compiled, reference, atol=1e-6)
+    free = torch.rand(n, generator=gen) < 0.2
+    exact_g = torch.zeros(n, dtype=torch.float64).index_add_(
+        0, q.cols.reshape(-1), (q.vals.double() * g.double()[:, None]).reshape(-1)
+    )
+    on_free = q.free_rmatvec(g, free)
+    assert torch.all(on_free[~free] == 0)
+    assert torch.allclose(on_free.double(), exact_g * free, atol=1e-6)
+
+
+def test_free_rmatvec_by_hand() -> None:
+    q = _tiny_q()  # Q = [[2, 0, 1], [0, 3, -1]]
+    assert q.free_rmatvec(torch.tensor([1.0, 2.0]), torch.tensor([True, False, True])).tolist() == [2.0, 0.0, -1.0]
 
 
 @pytest.mark.parametrize("backend", ["compiled", "torch"])
@@ -461,7 +476,7 @@ def test_payloads_codecs_and_refusals() -> None:
     # arithmetic coding: the range coder's model is the broadcast p of the round
     coded = _zampling(dm, uplink="arithmetic", p_clamp=0.1)
     state = coded.broadcast_state(0)
-    assert torch.equal(torch.from_numpy(coded.uplink_channel.codec.model_p).float(), state.clamp(0.1, 0.9))
+    assert torch.equal(torch.from_numpy(coded.uplink_channel.codec.range.model_p).float(), state.clamp(0.1, 0.9))
     with pytest.raises(ConfigError, match="Bernoulli mask"):
         module.uplink_channel.attach(Sign())  # a sign of a mask is not a mask
     with pytest.raises(ConfigError, match="server_optimizer"):
@@ -733,3 +748,46 @@ def test_bitpacked_run_reports_the_range_coded_size_of_its_masks() -> None:
     for r in range(2):  # the metric is the range coder's size of the same masks
         assert packed.range[r] == pytest.approx(sum(coded.bits[3 * r : 3 * r + 3]) / (3 * n), rel=1e-6)
     assert packed.range == coded.range
+
+
+# ---------------------------------------------------------------------------------- uplink fallback
+def _mask_and_model(n: int, p_value: float, seed: int = 0) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.bernoulli(torch.full((n,), 0.95), generator=gen), torch.full((n,), p_value)
+
+
+def test_mask_codec_sends_the_range_code_with_a_flag_when_it_is_shorter() -> None:
+    z, p = _mask_and_model(4096, 0.95)  # the masks are likely under p: about 0.29 bits each
+    message = MaskCodec(model_p=p).encode(z)
+    ranged = BernoulliRangeCodec(model_p=p).encode(z)
+    assert ranged.num_bits < 4096
+    assert message.num_bits == 1 + ranged.num_bits
+    assert message.header_bits == 1
+    assert message.payload[0] & 1 == 1  # the flag: range code
+    assert torch.equal(message.decode(), z)
+
+
+def test_mask_codec_falls_back_to_n_bits_plus_the_flag_when_the_range_code_is_longer() -> None:
+    z, p = _mask_and_model(4096, 0.05)  # the masks are unlikely under p: the range code exceeds n bits
+    message = MaskCodec(model_p=p).encode(z)
+    assert BernoulliRangeCodec(model_p=p).encode(z).num_bits > 4096
+    assert message.num_bits == 4096 + 1
+    assert message.payload[0] & 1 == 0  # the flag: bit-packed
+    assert torch.equal(message.decode(), z)
+
+
+def test_mask_codec_refuses_a_stream_whose_flag_is_not_its_choice() -> None:
+    z, p = _mask_and_model(64, 0.5)  # p = 1/2: the range code takes at least n bits, so bit-packing wins
+    codec = MaskCodec(model_p=p)
+    packed = BitPackCodec().encode(z)
+    ranged = BernoulliRangeCodec(model_p=p).encode(z)
+    stream = np.concatenate([[1], np.unpackbits(np.frombuffer(ranged.payload, np.uint8), bitorder="little")])
+    forged = Message(
+        payload=np.packbits(stream.astype(np.uint8), bitorder="little").tobytes(),
+        num_bits=1 + ranged.num_bits,
+        codec=codec,
+        shape=(64,),
+    )
+    assert codec.encode(z).num_bits == 1 + packed.num_bits
+    with pytest.raises(MessageDecodeError, match=r"^mask_range_or_bitpack: "):
+        forged.decode()

@@ -11,7 +11,8 @@ that are actually sampled, on the same evaluation batches:
 * ``<split>/integrality_gap``: expected network's accuracy − ``acc_sampled_mean``;
 * ``val/acc_best_mask``: the best validation mask; ``test/acc_best_mask``: that same mask
   (same round, same index: both draws come from the server stream of the round) scored on
-  test, as the paper picks a mask on held-out data;
+  test, as the paper picks a mask on held-out data; a test of a round that was not
+  validated (a test-only run from a checkpoint) has no chosen mask and logs none;
 * with ``sensitivity_taus``, at test time, the parameter-sensitivity study of the paper
   (§"Generalisation Properties via Parameter Sensitivity") as ``test/sensitivity/...``, see
   :meth:`ZamplingEvaluation.sensitivity_metrics`.
@@ -23,7 +24,10 @@ forward (:meth:`~fedlightning.models.zampling.ZampledNetwork.forward_many`); wit
 scored one by one. The masks and their order are the same either way.
 Masks come from the streams (seed, round, server, ``"zampling_eval_masks"`` /
 ``"zampling_sensitivity"``), so a run's metrics do not depend on when or how often it is
-evaluated. Only classification tasks are scored.
+evaluated. The round is that of the state being scored
+(:func:`~fedlightning.callbacks.early_stopping.state_round`): after early stopping the test
+scores the best round's p with that round's masks, as a run that ended there would. Only
+classification tasks are scored.
 
 The module returns its instance from ``configure_callbacks()``, so every trainer that fits or
 tests it runs this callback.
@@ -38,6 +42,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
+from fedlightning.callbacks.early_stopping import state_round
 from fedlightning.federated.rng import SERVER
 from fedlightning.methods.zampling import (
     accuracy_deviation,
@@ -92,7 +97,7 @@ class ZamplingEvaluation(L.Callback):
         self.sensitivity_region: Region = sensitivity_region
         self._batches: list[tuple[Tensor, Tensor]] = []
         self._network: ZampledNetwork | None = None
-        self._val_best_index: tuple[int, int] | None = None  # (global step, mask index)
+        self._val_best_index: dict[int, int] = {}  # round → index of its best validation mask
 
     # ------------------------------------------------------------------ Lightning hooks
     @override
@@ -184,7 +189,8 @@ class ZamplingEvaluation(L.Callback):
         num_samples = self.val_samples if split == "val" else self.test_samples
         p = module.effective_p(module.p.detach())
         expected = self.accuracy(module, module.weights_of(p))
-        gen = module.generator(module.global_step, SERVER, "zampling_eval_masks")
+        round_idx = state_round(module)
+        gen = module.generator(round_idx, SERVER, "zampling_eval_masks")
         accs = self.sampled_accuracies(module, p.cpu(), num_samples, gen)
         discretised = self.accuracy(module, module.weights_of((p >= 0.5).float()))
         metrics = {
@@ -194,14 +200,14 @@ class ZamplingEvaluation(L.Callback):
             f"{split}/acc_discretised": discretised,
             f"{split}/integrality_gap": expected - float(accs.mean()),
         }
-        best = int(accs.argmax())
         if split == "val":
-            self._val_best_index = (module.global_step, best)
+            best = int(accs.argmax())
+            self._val_best_index[round_idx] = best
             metrics["val/acc_best_mask"] = float(accs[best])
         else:
-            chosen = self._val_best_index
-            same_round = chosen is not None and chosen[0] == module.global_step and chosen[1] < len(accs)
-            metrics["test/acc_best_mask"] = float(accs[chosen[1] if same_round and chosen is not None else best])
+            chosen = self._val_best_index.get(round_idx)
+            if chosen is not None and chosen < len(accs):  # the same mask: same round's stream, same index
+                metrics["test/acc_best_mask"] = float(accs[chosen])
         return metrics
 
     @torch.no_grad()
@@ -216,7 +222,7 @@ class ZamplingEvaluation(L.Callback):
         paper's table is consistent with, see :func:`~fedlightning.methods.zampling.perturbation_draw`); all
         are averaged over the perturbations (``_std``: their standard deviation).
         """
-        gen = module.generator(module.global_step, SERVER, "zampling_sensitivity")
+        gen = module.generator(state_round(module), SERVER, "zampling_sensitivity")
         p = module.effective_p(module.p.detach()).cpu()
 
         def scores(vector: Tensor) -> tuple[float, float]:

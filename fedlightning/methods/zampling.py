@@ -16,7 +16,8 @@ One round of *Federated Zampling* (§"Our Framework") on the round engine
    steps s ← s − η·∇ with the straight-through gradient ∇_s L = (Qᵀ·∇_w L) ⊙ 1{0 < p < 1}
    (Adam, as in the paper);
 3. it samples z_new ~ Bernoulli(clip(s)) and uploads it (a Bernoulli-mask payload: n bits
-   bit-packed, or range-coded with the broadcast p as the shared model);
+   bit-packed, or range-coded with the broadcast p as the shared model, falling back to the
+   n bits where the range code would be longer, :class:`MaskCodec`);
 4. the server sets its state directly: p ← (1/K)·Σ_k z_new^k, the plain mean of the bits.
 
 *Local Zampling* is the same method with one client holding all data that uploads p_new
@@ -60,8 +61,9 @@ from typing_extensions import override
 
 from fedlightning.compression.arithmetic import BernoulliRangeCodec, LatticeCodec, bernoulli_cross_entropy_bits
 from fedlightning.compression.codecs import BitPackCodec, Float32Codec
-from fedlightning.errors import ConfigError
+from fedlightning.errors import ConfigError, MessageDecodeError
 from fedlightning.federated.aggregators import Aggregator, WeightedMean
+from fedlightning.federated.message import Message
 from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT
 from fedlightning.federated.params import assign_flat_, num_parameters
 from fedlightning.federated.payloads import Payload
@@ -76,6 +78,7 @@ __all__ = [
     "SCORE_ESTIMATORS",
     "XENT_METRIC",
     "ClippedScore",
+    "MaskCodec",
     "SampledNetwork",
     "ScoreEstimator",
     "SigmoidScore",
@@ -100,8 +103,9 @@ OptimizerFactory = Callable[[Iterable[Tensor]], torch.optim.Optimizer]
 XENT_METRIC = "comm/uplink_xent_bits_per_param"
 """Per-round mean over uploads of Σ_j −log2 P(z_j | p_j) / n: the ideal coded size of a mask."""
 RANGE_METRIC = "comm/uplink_range_bits_per_param"
-"""Per-round mean over uploads of the range-coded size of the mask / n, whatever the uplink codec:
-a bit-packed run also reports what the lossless range coder would have sent for the same masks."""
+"""Per-round mean over uploads of the size of the mask under ``uplink: arithmetic`` (:class:`MaskCodec`:
+the range code, or n bits where that is shorter, plus its flag bit) / n, whatever the uplink codec:
+a bit-packed run also reports what the range-coded uplink would have sent for the same masks."""
 OPTIMIZER_KEY = "optimizer"
 """Key of a client's saved optimiser state in the client state store (``reset_optimizer: false``)."""
 _LOGIT_EPS = 1e-6
@@ -345,6 +349,65 @@ def bernoulli_draw(p: Tensor, generator: torch.Generator) -> Tensor:
     return torch.bernoulli(p.detach().to(generator.device), generator=generator).to(p.device)
 
 
+# ---------------------------------------------------------------------------------- uplink codec
+def _bits(payload: bytes, count: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=count, bitorder="little")
+
+
+class MaskCodec:
+    """A binary mask range-coded under the broadcast p, or bit-packed where that is shorter.
+
+    One flag bit comes first (1: range code, :class:`BernoulliRangeCodec`; 0: n bits,
+    :class:`BitPackCodec`), then the shorter of the two streams; ties go to bit-packing. The
+    flag is counted in ``num_bits`` (``header_bits = 1``), so a mask costs at most n + 1 bits:
+    a mask that is unlikely under p (round 1, where p(0) ~ U(0,1) has nothing to do with the
+    uploaded masks) no longer costs more than bit-packing would. Decoding re-encodes the mask
+    and refuses a stream that is not exactly its code, flag included.
+
+    Args:
+        model_p: the probabilities both sides know (the broadcast p).
+
+    >>> codec = MaskCodec(model_p=torch.tensor([0.5, 0.5, 0.5]))  # p = 1/2: the range code is 32 bits
+    >>> message = codec.encode(torch.tensor([1.0, 0.0, 1.0]))
+    >>> message.num_bits, message.decode().tolist()
+    (4, [1.0, 0.0, 1.0])
+    """
+
+    name = "mask_range_or_bitpack"
+    header_bits = 1
+
+    def __init__(self, *, model_p: Tensor) -> None:
+        self.range = BernoulliRangeCodec(model_p=model_p)
+        self.bitpack = BitPackCodec()
+
+    def encode(self, x: Tensor) -> Message:
+        ranged, packed = self.range.encode(x), self.bitpack.encode(x)
+        body, flag = (ranged, 1) if ranged.num_bits < packed.num_bits else (packed, 0)
+        stream = np.concatenate([np.array([flag], dtype=np.uint8), _bits(body.payload, body.num_bits)])
+        payload = np.packbits(stream, bitorder="little").tobytes()
+        return Message(payload=payload, num_bits=1 + body.num_bits, codec=self, shape=tuple(x.shape), header_bits=1)
+
+    def decode(self, message: Message) -> Tensor:
+        if message.num_bits < 1:
+            raise MessageDecodeError(f"{self.name}: an empty stream has no flag bit.")
+        stream = _bits(message.payload, message.num_bits)
+        sub = self.range if stream[0] else self.bitpack
+        body_bits = message.num_bits - 1
+        body = Message(
+            payload=np.packbits(stream[1:], bitorder="little").tobytes(),
+            num_bits=body_bits,
+            codec=sub,
+            shape=message.shape,
+        )
+        mask = sub.decode(body)
+        if self.encode(mask).payload != message.payload:
+            raise MessageDecodeError(
+                f"{self.name}: the flag says {sub.name} but the other code of this mask is shorter; "
+                "the stream is not this codec's output."
+            )
+        return mask
+
+
 # ---------------------------------------------------------------------------------- client model
 class SampledNetwork(nn.Module):
     """The model a client trains in one round: its one parameter is the score s.
@@ -418,7 +481,8 @@ class Zampling(FederatedModule):
         p_clamp: if set to ε, clients train from and sample with clamp(p, ε, 1 − ε) (remedy for
             frozen coordinates); null keeps the paper's behaviour.
         reset_optimizer: a fresh client optimiser every round (true) or kept per client.
-        uplink: ``bitpack`` (n bits) or ``arithmetic`` (range-coded with the broadcast p).
+        uplink: ``bitpack`` (n bits) or ``arithmetic`` (range-coded with the broadcast p, or
+            bit-packed where that is shorter, behind one flag bit: :class:`MaskCodec`).
         downlink: ``float32`` (paper) or ``lattice`` (lossless ⌈log2(K+1)⌉ bits per coordinate).
         val_samples: sampled networks per validation; test_samples: per test (paper: 100).
         eval_networks_per_forward: sampled networks scored per batched forward at evaluation
@@ -582,7 +646,7 @@ class Zampling(FederatedModule):
         else:
             self.downlink_channel.codec = Float32Codec()  # the paper; also round 0, whose p(0) is no mean of bits
         if self.uplink == "arithmetic":
-            self.uplink_channel.codec = BernoulliRangeCodec(model_p=self.effective_p(state).cpu())
+            self.uplink_channel.codec = MaskCodec(model_p=self.effective_p(state).cpu())
         return state
 
     @override
@@ -654,8 +718,7 @@ class Zampling(FederatedModule):
         if self.uplink_channel.payload is Payload.BERNOULLI_MASK:
             upload = bernoulli_draw(p_new, self.generator(round_idx, client_id, "zampling_upload"))
             metrics[XENT_METRIC] = bernoulli_cross_entropy_bits(upload, p_start) / self.n
-            coder = BernoulliRangeCodec(model_p=p_start.cpu())
-            metrics[RANGE_METRIC] = coder.encode(upload).num_bits / self.n
+            metrics[RANGE_METRIC] = MaskCodec(model_p=p_start.cpu()).encode(upload).num_bits / self.n
         else:
             upload = p_new
         return ClientResult(upload=upload, num_samples=done.num_samples, loss=done.loss, metrics=metrics)

@@ -296,6 +296,29 @@ class SparseQ:
         _kernels().slab_rmatvec(cols_t, vals_t, g.contiguous().numpy(), out.numpy())
         return out
 
+    def free_rmatvec(self, g: Tensor, free: Tensor) -> Tensor:
+        """Qᵀ·g on the columns where ``free`` is true, 0 elsewhere (compiled kernel; CPU only).
+
+        >>> q = SparseQ(cols=torch.tensor([[0], [1], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
+        >>> q.free_rmatvec(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([False, True])).tolist()
+        [0.0, 5.0]
+        """
+        g = self._check_length(g, self.m, "Qᵀ·g")
+        if free.shape != (self.n,) or free.dtype != torch.bool:
+            raise ValueError(f"free_rmatvec needs a boolean mask of the {self.n} columns.")
+        if not self.compiled("compiled"):
+            raise ConfigError("free_rmatvec runs on the compiled CPU kernels; use masked products on a GPU.")
+        out = torch.empty(self.n)
+        _kernels().free_rmatvec(
+            self.col_ptr.numpy(),
+            self.col_rows.numpy().view(np.uint32),
+            self.col_vals.numpy(),
+            free.contiguous().numpy(),
+            g.contiguous().numpy(),
+            out.numpy(),
+        )
+        return out
+
     def column_block(self, columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(ptr, rows, vals) of the CSR of Qᵀ restricted to ``columns`` (int64, sorted or not)."""
         counts = self.col_ptr[columns + 1] - self.col_ptr[columns]
@@ -468,7 +491,10 @@ class ZampledWeights:
     paper's gradient mask): when fewer than ``dense_backward_fraction``·n are free, over a
     cached CSR block of the free columns (:meth:`SparseQ.free_block`), rebuilt when a column
     outside it became free or the free set shrank by ``rebuild_fraction``; otherwise by the
-    full product, then masked.
+    full product, then masked. (:meth:`SparseQ.free_rmatvec`, one compiled gather over the
+    free columns of the CSC with nothing cached, is the candidate replacement timed by
+    ``benchmarks/zampling_speed.py --kernels``; it is not used here until a quiet
+    measurement shows it faster.)
 
     ``fast=False`` disables both shortcuts and uses ``torch.mv`` on CSR for the full products
     every step (full Qᵀ·g, then masked): an independent reference path for the tests.

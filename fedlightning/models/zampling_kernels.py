@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["add_columns", "slab_matmat", "slab_matvec", "slab_rmatvec"]
+__all__ = ["add_columns", "free_rmatvec", "slab_matmat", "slab_matvec", "slab_rmatvec"]
 
 _JIT = {"fastmath": True, "boundscheck": False, "nogil": True, "cache": True}
 
@@ -92,3 +92,27 @@ def add_columns(
         c = coef[t]
         for e in range(col_ptr[j], col_ptr[j + 1]):
             w[col_rows[e]] += c * col_vals[e]
+
+
+@njit(**_JIT)
+def free_rmatvec(
+    col_ptr: np.ndarray,
+    col_rows: np.ndarray,
+    col_vals: np.ndarray,
+    free: np.ndarray,
+    g: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """out[j] ← (Qᵀ·g)[j] where ``free[j]``, else 0: one gather loop over the CSC of the free columns.
+
+    The masked backward of Zampling's straight-through gradient (columns with p ∈ {0, 1} get
+    none), with no per-step index list or cached block: its cost is the free columns' non-zeros.
+    """
+    for j in range(free.shape[0]):
+        if free[j]:
+            acc = np.float32(0.0)
+            for e in range(col_ptr[j], col_ptr[j + 1]):
+                acc += col_vals[e] * g[col_rows[e]]
+            out[j] = acc
+        else:
+            out[j] = np.float32(0.0)
