@@ -282,6 +282,56 @@ def test_rejects_unknown_final_support() -> None:
         )
 
 
+def _linear_module(support_allocation: str, **kwargs: object) -> EFLoPS:
+    """nn.Linear(4, 1) at rho = 0.4: |theta| = 5, m = 2; per tensor: weight floor(1.6) = 1, bias max(1, 0) = 1."""
+    return EFLoPS(
+        density=0.4,
+        model=nn.Linear(4, 1),
+        datamodule=types.SimpleNamespace(task="regression"),
+        support_allocation=support_allocation,  # type: ignore[arg-type]
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(("support_allocation", "support"), [("global", [0, 1]), ("per_tensor", [0, 4])])
+def test_message_regrow_rebuild_and_final_support_share_the_allocation(
+    support_allocation: str, support: list[int]
+) -> None:
+    """theta = [3, 2, 0.1, 0.5 | 0.2], every gate at log alpha = 0: the scores rank as |theta|.
+
+    The global top 2 is {0, 1} (both weights); per tensor the weight keeps its largest (0) and
+    the bias its only coordinate (4). The message, the server's regrow rebuild and both final
+    supports must pick that same set.
+    """
+    module = _linear_module(support_allocation, off_support_gates="regrow")
+    assert module.m == 2 and module.support_budgets == ([2] if support_allocation == "global" else [1, 1])
+    theta, log_alpha = torch.tensor([3.0, 2.0, 0.1, 0.5, 0.2]), torch.zeros(5)
+    sent = unpack_gate_state(module._message(theta, log_alpha, torch.tensor(0.0)))[2]
+    assert torch.nonzero(sent).flatten().tolist() == support
+    for final_support in ("top_m", "test_gate"):
+        module.final_support = final_support
+        out = module.final_parameters(theta, log_alpha)
+        assert torch.nonzero(out).flatten().tolist() == support, final_support
+    # regrow rebuild: one dense upload; the server closes every gate outside its own support
+    agg = GatedUploadSums(dim=5, group_sizes=[4, 1], num_groups=0, pi_min=module.pi_min, senders_only=True)
+    agg.accumulate(pack_gate_state(theta, torch.full((5,), 0.5), torch.ones(5, dtype=torch.bool), 0.0), weight=1.0)
+    module.set_server_state(round_idx=1, aggregator=agg)
+    open_gates = module.log_alpha.detach() > module.hc.log_alpha_min
+    assert torch.nonzero(open_gates).flatten().tolist() == support
+
+
+def test_rejects_unknown_or_infeasible_support_allocation() -> None:
+    with pytest.raises(ConfigError, match=r"method\.support_allocation='layerwise' is unknown"):
+        _linear_module("layerwise")
+    with pytest.raises(ConfigError, match=r"support_allocation=per_tensor: 2 parameter tensors .* m = 1"):
+        EFLoPS(
+            density=0.25,  # nn.Linear(3, 1): |theta| = 4, m = 1 < 2 tensors
+            model=nn.Linear(3, 1),
+            datamodule=types.SimpleNamespace(task="regression"),
+            support_allocation="per_tensor",
+        )
+
+
 @pytest.fixture
 def golub_cfg(make_config: Callable[..., object], shared_data_root: Path) -> Callable[..., object]:
     def build(*overrides: str) -> object:

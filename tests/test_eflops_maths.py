@@ -1,6 +1,6 @@
 """E-FLoPS maths with hand-computed values: the L0 constraint, the dual step, the KL term, the
-temperature schedule, the selection that never sends a zero score, the one-output logistic
-model and centralised IHT."""
+temperature schedule, the selection that never sends a zero score, the per-tensor support
+budgets, the one-output logistic model and centralised IHT."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from fedlightning.errors import ConfigError
 from fedlightning.methods.eflops import (
     CONSTRAINT_SCALES,
     EFLoPS,
+    allocated_top_m_mask,
     annealed_temperature,
     dual_ascent_step,
     kl_to_constraint_pull,
     nonzero_top_m_mask,
+    per_tensor_budgets,
     regrow_candidates,
     unpack_gate_state,
 )
@@ -142,3 +144,35 @@ def test_regrow_refuses_a_non_sgd_optimiser() -> None:
 
     with pytest.raises(ConfigError, match="regrow"):
         _module(density=0.5, off_support_gates="regrow", client_optimizer=functools.partial(torch.optim.Adam, lr=0.1))
+
+
+def test_per_tensor_budgets_floor_each_tensor_and_give_back_from_the_largest() -> None:
+    # sizes [100, 100, 5], rho = 0.1: m = floor(20.5) = 20; floors [10, 10, 0] -> at least 1: [10, 10, 1] = 21 > m,
+    # so the largest budget (tie 10 = 10: the lower index) gives one back
+    assert per_tensor_budgets([100, 100, 5], 0.1, 20) == [9, 10, 1]
+    # no give-back needed: floors [2, 3] sum to 5 <= m = floor(0.1 * 55) = 5
+    assert per_tensor_budgets([25, 30], 0.1, 5) == [2, 3]
+    with pytest.raises(ValueError, match="3 parameter tensors"):  # three tensors, m = 1
+        per_tensor_budgets([1, 1, 1], 0.5, 1)
+
+
+def test_per_tensor_budgets_of_the_mnist_cnn_give_fc1_its_share() -> None:
+    """FedAvg CNN at rho = 0.025: m = floor(41,584.25) = 41,584; each tensor keeps floor(rho n_t), at least 1.
+
+    conv1 800 -> 20, bias 32 -> 1; conv2 51,200 -> 1,280, bias 64 -> 1; fc1 1,605,632 -> 40,140,
+    bias 512 -> 12; fc2 5,120 -> 128, bias 10 -> 1: 41,583 <= m.
+    """
+    model = build_model("cnn", input_shape=(1, 28, 28), num_classes=10)
+    sizes = [p.numel() for p in model.parameters()]
+    assert sizes == [800, 32, 51_200, 64, 1_605_632, 512, 5_120, 10]
+    budgets = per_tensor_budgets(sizes, 0.025, 41_584)
+    assert budgets == [20, 1, 1_280, 1, 40_140, 12, 128, 1] and sum(budgets) == 41_583
+
+
+def test_allocated_top_m_mask_ranks_inside_each_tensor_and_skips_zero_scores() -> None:
+    scores = torch.tensor([0.9, 0.8, 0.7, 0.05, 0.0, 0.01, 0.0, 0.0])
+    # group 0 keeps 2 of [0.9, 0.8, 0.7]; group 1 keeps 2 of [0.05, 0.0, 0.01]; group 2 (all zero) keeps none
+    mask = allocated_top_m_mask(scores, [2, 2, 1], [3, 3, 2])
+    assert mask.tolist() == [True, True, False, True, False, True, False, False]
+    # the global top 4 of the same scores takes all of group 0 and nothing of group 1's 0.01
+    assert nonzero_top_m_mask(scores, 4).tolist() == [True, True, True, True, False, False, False, False]

@@ -13,15 +13,19 @@ user-given *target* density, so the constraint is D = ρ and λ is free in sign
 no schedule, so the default is constant).
 
 Communication: every message carries the top-m coordinates, m = ⌊ρ |θ|⌋ (index-coded
-positions, θ̃ and π = P(z ≠ 0) as float32; coordinates of score 0 are never sent) and λ. A
+positions, θ̃ and π = P(z ≠ 0) as float32; coordinates of score 0 are never sent) and λ; with
+``support_allocation="per_tensor"`` each parameter tensor contributes its own top ⌊ρ n_t⌋
+(:func:`per_tensor_budgets`) instead of one global top m. A
 gate no message carries is closed on both sides (``off_support_gates="closed"``; round 1 starts
 from the shared open initial gates with λ held), so D counts the gates the model holds. The
 server rebuilds θ̃ and π̄ as sample-weighted means over the senders and recovers log α from π̄.
-The evaluated network is θ̃ ⊙ E[z] pruned to its m largest magnitudes.
+The evaluated network is θ̃ ⊙ E[z] pruned to its m largest magnitudes (per tensor, under
+the same allocation).
 
 Departures from the text are named options, measured in ``benchmarks/results/eflops.md``:
 ``constraint_scale``, ``penalty`` (augmented Lagrangian), ``density_estimator="expected_gate"``,
-``prior="uniform"``, ``off_support_gates="resume"`` / ``"regrow"`` and an Adam optimiser.
+``prior="uniform"``, ``off_support_gates="resume"`` / ``"regrow"``, ``support_allocation="per_tensor"``
+and an Adam optimiser.
 """
 
 from __future__ import annotations
@@ -54,11 +58,13 @@ from fedlightning.models.hard_concrete import HardConcrete, bernoulli_kl, unifor
 __all__ = [
     "CONSTRAINT_SCALES",
     "DENSITY_ESTIMATORS",
+    "SUPPORT_ALLOCATIONS",
     "TEMPERATURE_SCHEDULES",
     "EFLoPS",
     "GateMessageCodec",
     "GatedUploadSums",
     "aggregate_gated_uploads",
+    "allocated_top_m_mask",
     "annealed_temperature",
     "dual_ascent_step",
     "expand_groups",
@@ -67,6 +73,7 @@ __all__ = [
     "nonzero_top_m_mask",
     "off_support_means",
     "pack_gate_state",
+    "per_tensor_budgets",
     "regrow_candidates",
     "unpack_gate_state",
 ]
@@ -232,6 +239,47 @@ def nonzero_top_m_mask(scores: Tensor, m: int) -> Tensor:
     [False, False, True, True, False]
     """
     return top_m_mask(scores, m) & (scores != 0)
+
+
+SUPPORT_ALLOCATIONS = ("global", "per_tensor")
+"""``support_allocation``: one top m over all of θ (``"global"``) or a top-k_t inside each parameter tensor."""
+
+
+def per_tensor_budgets(sizes: list[int], rho: float, m: int) -> list[int]:
+    """k_t = max(1, ⌊ρ n_t⌋) coordinates for each parameter tensor t of n_t entries, Σ_t k_t ≤ m.
+
+    Σ_t ⌊ρ n_t⌋ ≤ ⌊ρ Σ_t n_t⌋ = m; only the minimum of one coordinate per tensor can push the total above m,
+    and then the largest budgets (the lower index among equal ones) give one coordinate back each
+    until the total is m. Layers whose initial weights scale as 1/√fan-in keep their share of
+    the support, which a single global ranking of magnitudes would hand to the small layers.
+
+    Raises:
+        ValueError: if there are more tensors than m (one coordinate each does not fit).
+
+    >>> per_tensor_budgets([800, 32, 1000], 0.02, 36)
+    [16, 1, 19]
+    >>> per_tensor_budgets([10, 10, 100], 0.05, 6)
+    [1, 1, 4]
+    """
+    if len(sizes) > m:
+        raise ValueError(f"{len(sizes)} parameter tensors cannot keep one coordinate each within m = {m}")
+    budgets = [max(1, math.floor(rho * n + 1e-9)) for n in sizes]
+    while sum(budgets) > m:
+        i = max(range(len(budgets)), key=lambda t: (budgets[t], -t))
+        budgets[i] -= 1
+    return budgets
+
+
+def allocated_top_m_mask(scores: Tensor, budgets: list[int], sizes: list[int]) -> Tensor:
+    """:func:`nonzero_top_m_mask` inside each group of ``sizes`` coordinates, ``budgets[t]`` in group t.
+
+    >>> import torch
+    >>> s = torch.tensor([0.9, 0.8, 0.7, 0.05, 0.0, 0.01])
+    >>> allocated_top_m_mask(s, [1, 2], [3, 3]).tolist()
+    [True, False, False, True, False, True]
+    """
+    parts = [nonzero_top_m_mask(chunk, k) for chunk, k in zip(torch.split(scores, sizes), budgets, strict=True)]
+    return torch.cat(parts) if parts else torch.zeros_like(scores, dtype=torch.bool)
 
 
 def prob_nonzero_density(hc: HardConcrete, log_alpha: Tensor, nodes: int) -> Tensor:
@@ -505,6 +553,10 @@ class EFLoPS(FederatedModule):
         penalty: μ of the augmented-Lagrangian term (μ/2) c² (0: the plain Lagrangian of the text).
         final_support: ``"top_m"`` (the m largest |θ̃ ⊙ E[z]|) or ``"test_gate"`` (top-m by
             ``selection`` times the test-time gate).
+        support_allocation: how the top m is drawn, for the messages, the server's regrow
+            rebuild and the final support alike: ``"global"`` (one ranking over all of θ) or
+            ``"per_tensor"`` (the top k_t = max(1, ⌊ρ n_t⌋) of each parameter tensor by the same
+            score, Σ k_t ≤ m: :func:`per_tensor_budgets`).
         **kwargs: the :class:`FederatedModule` arguments (no ``server_optimizer``: the server
             sets its rebuilt state).
     """
@@ -540,6 +592,7 @@ class EFLoPS(FederatedModule):
         gate_aggregation: Literal["senders", "all"] = "senders",
         penalty: float = 0.0,
         final_support: Literal["top_m", "test_gate"] = "top_m",
+        support_allocation: Literal["global", "per_tensor"] = "global",
         **kwargs: Any,
     ) -> None:
         model: nn.Module = kwargs["model"]
@@ -559,6 +612,7 @@ class EFLoPS(FederatedModule):
             "constraint_scale": (constraint_scale, tuple(CONSTRAINT_SCALES)),
             "gate_aggregation": (gate_aggregation, ("senders", "all")),
             "final_support": (final_support, ("top_m", "test_gate")),
+            "support_allocation": (support_allocation, SUPPORT_ALLOCATIONS),
         }
         for key, (value, allowed) in choices.items():
             if value not in allowed:
@@ -573,6 +627,16 @@ class EFLoPS(FederatedModule):
                 "method.off_support_gates=regrow predicts a closed coordinate's weight by plain SGD steps; "
                 "use method.client_optimizer._target_=torch.optim.SGD or another off_support_gates."
             )
+        group_sizes = [p.numel() for p in model.parameters()]
+        budgets = [m]
+        if support_allocation == "per_tensor":
+            try:
+                budgets = per_tensor_budgets(group_sizes, float(density), m)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"method.support_allocation=per_tensor: {exc}; raise method.density or use "
+                    "method.support_allocation=global."
+                ) from None
         if quadrature_nodes < 1:
             raise ConfigError(f"method.quadrature_nodes must be at least 1 (got {quadrature_nodes}).")
         try:
@@ -601,7 +665,9 @@ class EFLoPS(FederatedModule):
         self.gate_aggregation = gate_aggregation
         self.penalty = float(penalty)
         self.final_support = final_support
-        self.group_sizes = [p.numel() for p in model.parameters()]
+        self.group_sizes = group_sizes
+        self.support_allocation = support_allocation
+        self.support_budgets = budgets  # coordinates each tensor may send ([m] for "global")
         self.num_groups = len(self.group_sizes) if off_support_gates == "resume" else 0
         self.uplink_channel.codec = GateMessageCodec(num_groups=self.num_groups)
         self.downlink_channel.codec = GateMessageCodec(num_groups=self.num_groups)
@@ -651,8 +717,14 @@ class EFLoPS(FederatedModule):
             return (theta * self.hc.test_gate(log_alpha)).abs()
         return theta.abs() * self.hc.prob_nonzero(log_alpha)
 
+    def support_mask(self, scores: Tensor) -> Tensor:
+        """The top-m support of ``scores`` under ``support_allocation`` (never a score of 0)."""
+        if self.support_allocation == "per_tensor":
+            return allocated_top_m_mask(scores, self.support_budgets, self.group_sizes)
+        return nonzero_top_m_mask(scores, self.m)
+
     def _message(self, theta: Tensor, log_alpha: Tensor, lagrange: Tensor) -> Tensor:
-        support = nonzero_top_m_mask(self.selection_scores(theta, log_alpha), self.m)
+        support = self.support_mask(self.selection_scores(theta, log_alpha))
         pi = self.hc.prob_nonzero(log_alpha)
         pi_off = off_support_means(pi, support, self.group_sizes, self.pi_min) if self.num_groups else None
         return pack_gate_state(theta, pi, support, lagrange, pi_off)
@@ -692,7 +764,7 @@ class EFLoPS(FederatedModule):
             self.log_alpha.copy_(self.hc.log_alpha_from_prob_nonzero(pi.clamp(self.pi_min, 1.0 - 1e-7)))
             self.lagrange.copy_(lagrange)
             if self.off_support_gates == "regrow":  # clients may send different coordinates: keep the top m open
-                keep = nonzero_top_m_mask(self.selection_scores(theta, self.log_alpha), self.m)
+                keep = self.support_mask(self.selection_scores(theta, self.log_alpha))
                 self.log_alpha.masked_fill_(~keep, self.hc.log_alpha_min)
         self._eval_cache = None
 
@@ -816,8 +888,12 @@ class EFLoPS(FederatedModule):
     def final_parameters(self, theta: Tensor, log_alpha: Tensor) -> Tensor:
         """The evaluated network for global (θ̃, log α) under ``final_support`` (see module docstring)."""
         if self.final_support == "top_m":
-            return gated_top_m(theta, self.hc.expected_gate_tail(log_alpha, nodes=self.quadrature_nodes), self.m)
-        support = nonzero_top_m_mask(self.selection_scores(theta, log_alpha), self.m)
+            gate = self.hc.expected_gate_tail(log_alpha, nodes=self.quadrature_nodes)
+            if self.support_allocation == "global":
+                return gated_top_m(theta, gate, self.m)
+            weighted = theta * gate
+            return torch.where(self.support_mask(weighted.abs()), weighted, torch.zeros_like(weighted))
+        support = self.support_mask(self.selection_scores(theta, log_alpha))
         return theta * self.hc.test_gate(log_alpha) * support
 
     def evaluated_parameters(self) -> Tensor:
