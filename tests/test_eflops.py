@@ -442,6 +442,20 @@ def test_golub_eflops_accuracy_over_seeds(golub_cfg: Callable[..., object], tmp_
     assert sum(accs) / len(accs) >= 0.85
 
 
+#: |θ| = 301, k = 6, N/|θ| = 0.5, λ step 1000, 10 rounds: the synthetic problem of the support tests.
+SMALL_SPARSE_PROBLEM = (
+    "+experiment=sparse_regression_eflops",
+    "data.num_features=300",
+    "data.sparsity=6",
+    "data.samples_per_parameter=0.5",
+    "data.num_test=200",
+    "data.val_fraction=0",
+    "method.lambda_lr=1000",
+    "rounds=10",
+    "eval_every=1000",
+)
+
+
 def test_expected_density_matches_target_and_support_gates_are_open(
     make_config: Callable[..., object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -463,16 +477,8 @@ def test_expected_density_matches_target_and_support_gates_are_open(
     monkeypatch.setattr(EFLoPS, "set_server_state", capture)
     cfg = make_config(
         [
-            "+experiment=sparse_regression_eflops",
-            "data.num_features=300",
-            "data.sparsity=6",
-            "data.samples_per_parameter=0.5",
-            "data.num_test=200",
-            "data.val_fraction=0",
+            *SMALL_SPARSE_PROBLEM,
             "method.density=0.02",
-            "method.lambda_lr=1000",
-            "rounds=10",
-            "eval_every=1000",
         ]
     )
     summary = run(cfg, tmp_path)  # type: ignore[arg-type]
@@ -510,16 +516,8 @@ def test_support_after_round_two_is_fixed_when_closed_and_revised_with_regrow(
     monkeypatch.setattr(EFLoPS, "set_server_state", capture)
     cfg = make_config(
         [
-            "+experiment=sparse_regression_eflops",
-            "data.num_features=300",
-            "data.sparsity=6",
-            "data.samples_per_parameter=0.5",
-            "data.num_test=200",
-            "data.val_fraction=0",
-            "method.lambda_lr=1000",
+            *SMALL_SPARSE_PROBLEM,
             f"method.off_support_gates={off_support_gates}",
-            "rounds=10",
-            "eval_every=1000",
         ]
     )
     summary = run(cfg, tmp_path)  # type: ignore[arg-type]
