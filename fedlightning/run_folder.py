@@ -51,6 +51,11 @@ IGNORED_KEYS = (
 """Config keys that do not change what a run computes; a run folder accepts any value for them."""
 RUN_OUTPUTS = (SUMMARY_FILE, RECORDS_FILE, CURVE_FILE, CHECKPOINTS, "csv")
 """What a run writes into its folder: a folder holding any of them without ``run.json`` is refused."""
+ADDED_NODES: dict[str, dict[str, Any]] = {
+    "early_stopping": {"monitor": None},
+}
+"""Config nodes added after run folders were first recorded, each with the values under which it
+changes nothing: a record made before the node existed matches a config whose node holds them."""
 
 
 class UnreadableCheckpointError(Exception):
@@ -85,18 +90,33 @@ def run_config(cfg: DictConfig) -> dict[str, Any]:
 def config_differences(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
     """``key: recorded -> current`` for every dotted key whose value differs.
 
+    A node of :data:`ADDED_NODES` missing from the record counts as equal while it holds its
+    inert values.
+
     >>> config_differences({"rounds": 10, "method": {"lr": 0.1}}, {"rounds": 20, "method": {"lr": 0.1}})
     ['rounds: 10 -> 20']
+    >>> config_differences({}, {"early_stopping": {"monitor": None, "patience": 5}})
+    []
+    >>> config_differences({}, {"early_stopping": {"monitor": "val/acc", "patience": 5}})
+    ["early_stopping: <absent> -> {'monitor': 'val/acc', 'patience': 5}"]
     """
     out: list[str] = []
     for key in sorted(set(recorded) | set(current), key=str):
         name = f"{prefix}{key}"
         a, b = recorded.get(key, "<absent>"), current.get(key, "<absent>")
+        if a == "<absent>" and _inert_added_node(name, b):
+            continue
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             out.extend(config_differences(a, b, prefix=f"{name}."))
         elif a != b:
             out.append(f"{name}: {a} -> {b}")
     return out
+
+
+def _inert_added_node(name: str, node: Any) -> bool:
+    """Whether ``node`` is the added config node ``name`` holding the values under which it changes nothing."""
+    inert = ADDED_NODES.get(name)
+    return inert is not None and isinstance(node, Mapping) and all(node.get(k) == v for k, v in inert.items())
 
 
 def claim(output_dir: Path, config: dict[str, Any]) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -238,6 +239,20 @@ def test_another_config_in_a_run_folder_stops_with_one_sentence(finished: Path) 
     text = str(info.value)
     assert str(finished) in text and "rounds: 2 -> 3" in text and "hydra.run.dir=" in text
     assert "\n" not in text
+
+
+def test_a_record_older_than_early_stopping_matches_only_while_early_stopping_is_off(
+    finished: Path, tmp_path: Path
+) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(finished, old)
+    record = json.loads((old / "run.json").read_text())
+    del record["config"]["early_stopping"]  # a run recorded before the node existed
+    (old / "run.json").write_text(json.dumps(record))
+    overrides = ["rounds=2", "checkpoint_every=1", "logger=csv", "data.num_clients=3"]
+    assert run(compose_config(overrides), old) == json.loads((old / "summary.json").read_text())
+    with pytest.raises(ConfigError, match="early_stopping: <absent> ->"):
+        run(compose_config([*overrides, "early_stopping.monitor=val/acc"]), old)
 
 
 def _another_models(finished: Path, tmp: Path) -> Path:
