@@ -31,8 +31,10 @@ its per-client state stays on one process; the cohort and every random stream de
 
 Clients train one reused model hidden from the module registry, so it is not checkpointed,
 not wrapped by DDP and never aliases the global weights; local steps use plain
-``torch.optim`` and ``loss.backward()``. The server optimiser is the one Lightning optimiser,
-so ``global_step`` counts rounds (methods that set their state get :class:`RoundClock`).
+``torch.optim`` and ``loss.backward()`` (a plain ``torch.optim.SGD`` steps through
+:func:`~fedlightning.federated.local_step.sgd_step_`, the same update without the per-call
+wrappers). The server optimiser is the one Lightning optimiser, so ``global_step`` counts
+rounds (methods that set their state get :class:`RoundClock`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from fedlightning.federated.channel import Channel, DownlinkChannel
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.divergence import DivergenceError, DivergencePolicy, exploded
 from fedlightning.federated.hooks import ClientSampler, FederatedCallback, UploadChoice, Verdict
+from fedlightning.federated.local_step import clear_grads_, sgd_step_, steps_in_place
 from fedlightning.federated.message import Message
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters, set_flat_grad_
 from fedlightning.federated.payloads import Payload
@@ -510,6 +513,7 @@ class FederatedModule(L.LightningModule):
         """
         optimizer = self.make_client_optimizer(params, client_id=client_id, round_idx=round_idx)
         trained = [p for group in optimizer.param_groups for p in group["params"]]
+        in_place = steps_in_place(optimizer)  # plain SGD: the same update without step()'s wrappers
         x, y = self.client_data(client_id)
         augment_gen = self.generator(round_idx, client_id, "augment")
         loss_sum = torch.zeros((), device=self.device)
@@ -523,7 +527,7 @@ class FederatedModule(L.LightningModule):
             ]
             batches = planned[: min([len(planned), *(b for b in budgets if b is not None)])]
         for idx in batches:
-            optimizer.zero_grad(set_to_none=True)
+            clear_grads_(trained)
             loss = batch_loss(self.datamodule.augment(x[idx], augment_gen), y[idx])
             if steps == 0 and self._start_acc is not None:  # the loss of the received model
                 self._start_acc[0] += loss.detach().to(self._start_acc)
@@ -531,7 +535,10 @@ class FederatedModule(L.LightningModule):
             loss.backward()
             if self.max_grad_norm is not None:
                 nn.utils.clip_grad_norm_(trained, self.max_grad_norm)
-            optimizer.step()
+            if in_place:
+                sgd_step_(optimizer)
+            else:
+                optimizer.step()
             if after_step is not None:
                 after_step()
             loss_sum += loss.detach()

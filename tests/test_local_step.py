@@ -1,0 +1,120 @@
+"""The engine's in-place SGD step equals ``torch.optim.SGD.step()`` bit for bit, and is used only where it is exact."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from fedlightning.federated.local_step import clear_grads_, sgd_step_, steps_in_place
+
+SETTINGS: dict[str, dict[str, Any]] = {
+    "plain": {"lr": 0.1},
+    "momentum": {"lr": 0.05, "momentum": 0.9},
+    "momentum_dampening": {"lr": 0.05, "momentum": 0.9, "dampening": 0.3},
+    "nesterov_weight_decay": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
+    "weight_decay_only": {"lr": 0.1, "weight_decay": 0.01},
+}
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(7, 5), nn.Tanh(), nn.Linear(5, 3))
+
+
+def _train(model: nn.Module, optimizer: torch.optim.Optimizer, *, own_step: bool, steps: int = 6) -> None:
+    gen = torch.Generator().manual_seed(1)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for _ in range(steps):
+        x, y = torch.randn(4, 7, generator=gen), torch.randint(0, 3, (4,), generator=gen)
+        if own_step:
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            clear_grads_(params)
+        nn.functional.cross_entropy(model(x), y).backward()
+        if own_step:
+            optimizer.step()
+        else:
+            sgd_step_(optimizer)  # type: ignore[arg-type]
+
+
+def _assert_same(a: nn.Module, b: nn.Module, opt_a: torch.optim.Optimizer, opt_b: torch.optim.Optimizer) -> None:
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+    state_a, state_b = opt_a.state_dict(), opt_b.state_dict()
+    assert state_a["param_groups"] == state_b["param_groups"]
+    assert state_a["state"].keys() == state_b["state"].keys()
+    for key, entry in state_a["state"].items():
+        assert entry.keys() == state_b["state"][key].keys()
+        for name, value in entry.items():
+            assert torch.equal(value, state_b["state"][key][name])
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_sgd_step_equals_torch_sgd_step_bit_for_bit(name: str) -> None:
+    reference, ours = _model(), _model()
+    opt_ref = torch.optim.SGD(reference.parameters(), **SETTINGS[name])
+    opt_ours = torch.optim.SGD(ours.parameters(), **SETTINGS[name])
+    assert steps_in_place(opt_ours)
+    _train(reference, opt_ref, own_step=True)
+    _train(ours, opt_ours, own_step=False)
+    _assert_same(reference, ours, opt_ref, opt_ours)
+
+
+def test_sgd_step_follows_each_param_group_and_skips_parameters_without_gradient() -> None:
+    reference, ours = _model(), _model()
+    for model in (reference, ours):
+        model[2].bias.requires_grad_(False)  # never gets a gradient: no step, no momentum buffer
+
+    def groups(model: nn.Module) -> list[dict[str, Any]]:
+        return [
+            {"params": list(model[0].parameters()), "lr": 0.2, "momentum": 0.5},
+            {"params": [model[2].weight, model[2].bias], "lr": 0.01, "nesterov": True, "momentum": 0.9},
+        ]
+
+    opt_ref, opt_ours = torch.optim.SGD(groups(reference), lr=1.0), torch.optim.SGD(groups(ours), lr=1.0)
+    _train(reference, opt_ref, own_step=True)
+    _train(ours, opt_ours, own_step=False)
+    _assert_same(reference, ours, opt_ref, opt_ours)
+    assert ours[2].bias not in opt_ours.state
+    assert torch.equal(ours[2].bias, _model()[2].bias)
+
+
+def test_sparse_gradients_take_torch_sgd_own_step() -> None:
+    reference = nn.Embedding(10, 3, sparse=True)
+    ours = copy.deepcopy(reference)
+    opt_ref, opt_ours = torch.optim.SGD(reference.parameters(), lr=0.5), torch.optim.SGD(ours.parameters(), lr=0.5)
+    for model, opt, own in ((reference, opt_ref, True), (ours, opt_ours, False)):
+        model(torch.tensor([1, 4, 4])).sum().backward()
+        assert model.weight.grad is not None and model.weight.grad.is_sparse
+        opt.step() if own else sgd_step_(opt)
+    assert torch.equal(reference.weight, ours.weight)
+
+
+def test_steps_in_place_only_for_a_plain_sgd_without_hooks_or_special_modes() -> None:
+    p = nn.Parameter(torch.zeros(3))
+
+    class OwnSGD(torch.optim.SGD):
+        pass
+
+    hooked = torch.optim.SGD([p], lr=0.1)
+    hooked.register_step_post_hook(lambda *_: None)
+    refused = {
+        "subclass": OwnSGD([p], lr=0.1),
+        "Adam": torch.optim.Adam([p]),
+        "maximize": torch.optim.SGD([p], lr=0.1, maximize=True),
+        "differentiable": torch.optim.SGD([p], lr=0.1, differentiable=True),
+        "tensor lr": torch.optim.SGD([p], lr=torch.tensor(0.1)),
+        "step hook": hooked,
+    }
+    assert {name: steps_in_place(opt) for name, opt in refused.items()} == dict.fromkeys(refused, False)
+    handle = register_optimizer_step_pre_hook(lambda *_: None)
+    try:
+        assert not steps_in_place(torch.optim.SGD([p], lr=0.1))  # a global hook must still run
+    finally:
+        handle.remove()
+    assert steps_in_place(torch.optim.SGD([p], lr=0.1, foreach=True))
