@@ -60,8 +60,9 @@ class CommunicationAccountant(FederatedCallback):
         self.records_path = Path(records_path) if records_path is not None else None
         self.totals = torch.zeros(_COUNTERS, dtype=torch.int64)
         self.per_client = torch.zeros((0, 2), dtype=torch.int64)
-        self._round = torch.zeros(_COUNTERS, dtype=torch.int64)
-        self._round_per_client = torch.zeros((0, 2), dtype=torch.int64)
+        # This round's counts, as Python ints (one message costs no tensor op); tensors at the round's end.
+        self._round = [0] * _COUNTERS
+        self._round_per_client: dict[tuple[int, int], int] = {}  # (client, UP | DOWN) -> bits
         self._rows: list[tuple[int, int, str, int, str, str, float]] = []
 
     @override
@@ -74,18 +75,19 @@ class CommunicationAccountant(FederatedCallback):
 
     @override
     def on_round_start(self, trainer: L.Trainer, module: FederatedModule, round_idx: int) -> None:
-        self._round.zero_()
-        self._round_per_client = torch.zeros_like(self.per_client)
+        self._round = [0] * _COUNTERS
+        self._round_per_client = {}
         self._rows.clear()
 
     @override
     def on_client_downlink(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
     ) -> None:
-        self._round[_DOWN_BITS] += message.num_bits
-        self._round[_DOWN_MSGS] += 1
-        self._round[_DOWN_DENSE] += module.dense_message_bits
-        self._round_per_client[client_id, DOWN] += message.num_bits
+        counts = self._round
+        counts[_DOWN_BITS] += message.num_bits
+        counts[_DOWN_MSGS] += 1
+        counts[_DOWN_DENSE] += module.dense_message_bits
+        self._count(client_id, DOWN, message.num_bits)
         if self.records_path is not None:
             self._rows.append(self._row(module, round_idx, client_id, "down", message, "payload"))
 
@@ -93,10 +95,11 @@ class CommunicationAccountant(FederatedCallback):
     def on_client_upload(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
     ) -> None:
-        self._round[_UP_BITS] += message.num_bits
-        self._round[_UP_MSGS] += 1
-        self._round[_UP_DENSE] += module.dense_message_bits
-        self._round_per_client[client_id, UP] += message.num_bits
+        counts = self._round
+        counts[_UP_BITS] += message.num_bits
+        counts[_UP_MSGS] += 1
+        counts[_UP_DENSE] += module.dense_message_bits
+        self._count(client_id, UP, message.num_bits)
         if self.records_path is not None:
             self._rows.append(self._row(module, round_idx, client_id, "up", message, "payload"))
 
@@ -113,9 +116,13 @@ class CommunicationAccountant(FederatedCallback):
         up = direction == "up"
         self._round[_UP_BITS if up else _DOWN_BITS] += message.num_bits
         self._round[_UP_CONTROL if up else _DOWN_CONTROL] += message.num_bits
-        self._round_per_client[client_id, UP if up else DOWN] += message.num_bits
+        self._count(client_id, UP if up else DOWN, message.num_bits)
         if self.records_path is not None:
             self._rows.append(self._row(module, round_idx, client_id, direction, message, "control"))
+
+    def _count(self, client_id: int, direction: int, bits: int) -> None:
+        key = (client_id, direction)
+        self._round_per_client[key] = self._round_per_client.get(key, 0) + bits
 
     @staticmethod
     def _row(
@@ -130,9 +137,13 @@ class CommunicationAccountant(FederatedCallback):
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, metrics: dict[str, Any]
     ) -> None:
         # Each process counted the messages of its own clients: sum the counters, gather the rows.
-        round_counts = module.reduce_sum(self._round.clone()).to(torch.int64).cpu()
+        round_counts = module.reduce_sum(torch.tensor(self._round, dtype=torch.int64)).to(torch.int64).cpu()
         self.totals += round_counts
-        self.per_client += module.reduce_sum(self._round_per_client).to(torch.int64).cpu()
+        per_client = torch.zeros_like(self.per_client)
+        if self._round_per_client:
+            where = torch.tensor(list(self._round_per_client), dtype=torch.int64)
+            per_client[where[:, 0], where[:, 1]] = torch.tensor(list(self._round_per_client.values()))
+        self.per_client += module.reduce_sum(per_client).to(torch.int64).cpu()
         if self.records_path is not None and module.world_size > 1:
             parts: list[Any] = [None] * module.world_size
             dist.all_gather_object(parts, self._rows)
