@@ -3,7 +3,10 @@
 * the client optimiser from Hydra's ``_partial_`` wrapper (target checks on every call) against
   the plain ``functools.partial`` the engine resolves once per round;
 * folding a float32 upload into the float64 sums through a float64 copy against in place;
-* the loss and the upload's sum read with two syncs against one.
+* the loss and the upload's sum read with two syncs against one;
+* one local step of ``mnistfc`` at batch 10 (S2) with ``zero_grad`` and ``torch.optim.SGD.step()``
+  against ``clear_grads_`` and ``sgd_step_`` (the same update), next to the forward and
+  backward alone (the floor both share).
 
     python benchmarks/per_client_costs.py
 """
@@ -19,7 +22,9 @@ from collections.abc import Callable
 import torch
 from hydra.utils import instantiate
 
+from fedlightning.federated.local_step import clear_grads_, sgd_step_
 from fedlightning.federated.module import upload_check
+from fedlightning.models import build_model
 
 D = 266_610  # mnistfc
 
@@ -60,6 +65,27 @@ def main() -> None:
             },
         ),
     ]
+    model = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+    weights = list(model.parameters())
+    sgd = torch.optim.SGD(weights, lr=0.05)
+    x, y = torch.randn(10, 1, 28, 28), torch.randint(0, 10, (10,))
+
+    def torch_step() -> None:
+        sgd.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        sgd.step()
+
+    def engine_step() -> None:
+        clear_grads_(weights)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        sgd_step_(sgd)
+
+    def forward_backward() -> None:
+        clear_grads_(weights)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+
+    rows.append(("local SGD step (batch 10)", {"torch.optim step()": torch_step, "sgd_step_": engine_step}))
+    rows.append(("local SGD step floor", {"torch.optim step()": torch_step, "forward+backward only": forward_backward}))
     for what, pair in rows:
         ms = interleaved_ms(pair)
         (a, ta), (b, tb) = ms.items()
