@@ -159,3 +159,26 @@ def test_forcing_the_vectorised_cohort_with_stragglers_is_refused() -> None:
         ConfigError, match=r"cannot train FedAvg's clients: ClientFailures cut\(s\) clients' local steps"
     ):
         round_trainer(1, [ClientFailures(straggler_probability=0.5)]).fit(module)
+
+
+def test_client_failures_without_stragglers_keep_the_vectorised_cohort_and_ask_no_step_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fedlightning.federated.failures import ClientFailures
+
+    asked: list[int] = []
+    original = ClientFailures.local_step_budget
+
+    def counted(self: ClientFailures, *args: Any) -> int | None:
+        asked.append(args[3])
+        return original(self, *args)
+
+    monkeypatch.setattr(ClientFailures, "local_step_budget", counted)
+    dm = DigitsDataModule(num_clients=3, seed=0)
+    module = FedAvg(model=_gn_model(), datamodule=dm, client_optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+    trainer = round_trainer(1, [ClientFailures(dropout=0.5)])
+    trainer.fit(module)
+    assert module.vectorised_refusal() is None  # drop-outs alone do not touch local steps
+    assert asked == []
+    round_trainer(1, [ClientFailures(straggler_probability=1.0, straggler_fraction=0.5)]).fit(module)
+    assert sorted(asked) == [0, 1, 2]  # asked once per client when stragglers are on

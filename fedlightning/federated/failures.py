@@ -160,6 +160,11 @@ class ClientFailures(FederatedCallback):
         self._attempt = attempt
         self._budget_asked = False
 
+    @property
+    @override
+    def cuts_local_steps(self) -> bool:
+        return self.straggler_probability > 0
+
     @override
     def local_step_budget(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, planned: int

@@ -88,6 +88,11 @@ class FederatedCallback(L.Callback):
     def on_attempt_start(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, attempt: int) -> None:
         """Attempt ``attempt`` (0 first) of the round's downlink, local work and uplink begins."""
 
+    @property
+    def cuts_local_steps(self) -> bool:
+        """Whether :meth:`local_step_budget` may cut any client's steps (it is asked per client only then)."""
+        return type(self).local_step_budget is not FederatedCallback.local_step_budget
+
     def local_step_budget(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, planned: int
     ) -> int | None:

@@ -594,8 +594,7 @@ class FederatedModule(L.LightningModule):
         rnd = _Round(round_idx=self.global_step, callbacks=list(self.federated_callbacks()))
         for cb in rnd.callbacks:
             cb.on_round_start(self.trainer, self, rnd.round_idx)
-        base = FederatedCallback.local_step_budget
-        self._budget_callbacks = [cb for cb in rnd.callbacks if type(cb).local_step_budget is not base]
+        self._budget_callbacks = [cb for cb in rnd.callbacks if cb.cuts_local_steps]
         self._round_optimizer = resolved_optimizer_factory(self.client_optimizer, self.client_model)
         self._select(rnd)
         broadcast_state, broadcast = self._broadcast(rnd)
@@ -675,9 +674,7 @@ class FederatedModule(L.LightningModule):
         if sgd_settings(factory) is None:
             return "its client optimiser is not torch.optim.SGD (method.client_optimizer)"
         if self.attached_trainer is not None:
-            planned = FederatedCallback.local_step_budget
-            callbacks = self.federated_callbacks()
-            budgets = [type(cb).__name__ for cb in callbacks if type(cb).local_step_budget is not planned]
+            budgets = [type(cb).__name__ for cb in self.federated_callbacks() if cb.cuts_local_steps]
             if budgets:
                 return f"{', '.join(budgets)} cut(s) clients' local steps"
         return None
