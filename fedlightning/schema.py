@@ -305,7 +305,7 @@ def check_target_node(node: DictConfig, where: str) -> None:
     ...                                      "alfa": 0.5}), "partition")
     Traceback (most recent call last):
     ...
-    fedlightning.errors.ConfigError: partition has no key alfa (did you mean alpha?); DirichletPartition takes seed, min_partition_size, alpha.
+    fedlightning.errors.ConfigError: partition has no key alfa (did you mean alpha?); DirichletPartition takes ...
     """
     target_path = _get(node, "_target_", f"{where}._target_")
     if not isinstance(target_path, str):

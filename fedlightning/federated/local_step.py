@@ -51,7 +51,7 @@ def clear_grads_(params: list[torch.nn.Parameter]) -> None:
 
 
 @torch.no_grad()
-def sgd_step_(optimizer: torch.optim.SGD) -> None:
+def sgd_step_(optimizer: torch.optim.Optimizer) -> None:
     """One ``torch.optim.SGD`` step (single-tensor update), in place; see :func:`steps_in_place`.
 
     With momentum μ, dampening τ, weight decay λ and step γ, for each parameter x with

@@ -68,7 +68,7 @@ from fedlightning.federated.batches import local_batches
 from fedlightning.federated.channel import Channel, DownlinkChannel
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.divergence import DivergenceError, DivergencePolicy, exploded
-from fedlightning.federated.hooks import ClientSampler, FederatedCallback, UploadChoice, Verdict
+from fedlightning.federated.hooks import ClientSampler, Direction, FederatedCallback, UploadChoice, Verdict
 from fedlightning.federated.local_step import clear_grads_, sgd_step_, steps_in_place
 from fedlightning.federated.message import Message
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters, set_flat_grad_
@@ -879,7 +879,11 @@ class FederatedModule(L.LightningModule):
         choice: UploadChoice = rnd.sampler.choose_uploaders(self.trainer, self, rnd.cohort, self.reduce_sum(norms))
         control = Float32Codec()
         for client_id, _ in buffered:
-            for direction, sent in (("up", choice.uplink_control), ("down", choice.downlink_control)):
+            directions: tuple[tuple[Direction, dict[int, Tensor]], ...] = (
+                ("up", choice.uplink_control),
+                ("down", choice.downlink_control),
+            )
+            for direction, sent in directions:
                 if client_id in sent:
                     message = control.encode(sent[client_id])
                     for cb in rnd.callbacks:
