@@ -32,6 +32,9 @@ import numpy as np
 import torch
 from eflops_common import (
     REPO,
+    NoEligibleSettingError,
+    compose_cfg,
+    describe_point,
     federated_run,
     iht_reference,
     jaccard_stability,
@@ -131,11 +134,16 @@ def main() -> None:
         "",
     ]
     for method in FEDERATED:
-        best, table = tune(
-            GRIDS[method], [*base(method, args.data_root), "data.val_fraction=0.2"], tune_seeds, "val/acc"
-        )
+        tuning_base = [*base(method, args.data_root), "data.val_fraction=0.2"]
+        rho = float(compose_cfg(tuning_base).method.density) if method == "eflops" else None
+        try:
+            best, table = tune(GRIDS[method], tuning_base, tune_seeds, "val/acc", rho=rho)
+        except NoEligibleSettingError as exc:
+            out.append(f"- {method}: stopped: {exc}")
+            write(out)
+            raise SystemExit(f"golub_comparison: {exc}") from None
         chosen[method] = best
-        out.append(f"- {method}: " + "; ".join(f"`{' '.join(p[1:])}` {v:.3f}" for p, v in table))
+        out.append(f"- {method}: " + "; ".join(describe_point(p) for p in table))
         out.append(f"  chosen: `{' '.join(best)}`")
         print(out[-2], file=sys.stderr, flush=True)
     acc: dict[str, list[float]] = {m: [] for m in (*FEDERATED, *CENTRAL)}
