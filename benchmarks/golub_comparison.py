@@ -6,7 +6,8 @@
 1. Tuning, the same protocol for every method: each point of the method's grid (the same SGD
    learning rates for all; E-FLoPS also the λ step and T) runs on the tuning seeds (100, 101, ...)
    with 20% of the training split held out for validation; the best mean validation accuracy
-   wins. The test sets are not read.
+   wins among the eligible points (E-FLoPS: expected gate density D within 10% of ρ on every
+   tuning seed; the script stops if none is). The test sets are not read.
 2. Evaluation: seeds 0..S−1, each a fresh stratified 70/30 split (50 train / 22 test), 5 IID
    clients, the one-output logistic model (|θ| = 3,572), ρ = 0.02 (m = 71), the chosen settings.
    The centralised references see the same 50 training samples: L1-logistic regression (penalty
