@@ -67,7 +67,7 @@ def probe(module: EFLoPS, theta: torch.Tensor, log_alpha: torch.Tensor, x: torch
     g_theta = " ".join(f"{float(g.norm()):.1e}" for g in th.grad.split(sizes))
     g_alpha = " ".join(f"{float(g.norm()):.1e}" for g in la.grad.split(sizes))
     return (
-        f"  logits sd {float(out.detach().std()):.4f}, loss {float(loss):.4f}\n"
+        f"  logits sd {float(out.detach().std()):.4f}, loss {float(loss.detach()):.4f}\n"
         f"  |grad theta| per tensor: {g_theta}\n  |grad log alpha| per tensor: {g_alpha}"
     )
 
