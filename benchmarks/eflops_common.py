@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -134,7 +134,7 @@ def lasso_reference(task: str, x: np.ndarray, y: np.ndarray, seed: int) -> np.nd
 
 def iht_reference(task: str, x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
     """[w, b] of centralised IHT at the federated budget m."""
-    loss = "logistic" if task == "classification" else "squared"
+    loss: Literal["logistic", "squared"] = "logistic" if task == "classification" else "squared"
     return iterative_hard_thresholding(x.reshape(len(x), -1), y.astype(np.float64), m=m, loss=loss)
 
 

@@ -164,7 +164,7 @@ def main() -> None:
                     (x, y), (xt, yt), dm = data["train"], data["test"], data["datamodule"]
                     truth = {int(j) for j in dm.true_support}
                     m = int(0.02 * (x.shape[1] + 1))
-                    runs = [(method, method, []) for method in FEDERATED]
+                    runs: list[tuple[str, str, list[str]]] = [(method, method, []) for method in FEDERATED]
                     if ratio in args.variant_ratios:
                         runs += [(label, "eflops", VARIANTS[label]) for label in args.variants]
                     for label, method, extra in runs:
@@ -275,13 +275,13 @@ def render(out: list[str], rows: list[dict], args: argparse.Namespace, started: 
             for h in sorted(args.heterogeneity):
                 for ratio in sorted(args.ratios):
                     ref = sorted(select(snr, h, ratio, "eflops"), key=lambda r: r["seed"])
-                    for v in variants:
-                        cell = sorted(select(snr, h, ratio, v), key=lambda r: r["seed"])
+                    for variant in variants:
+                        cell = sorted(select(snr, h, ratio, variant), key=lambda r: r["seed"])
                         if not cell or len(cell) != len(ref):
                             continue
                         rec, r2 = [r["recall"] for r in cell], [r["r2"] for r in cell]
                         out.append(
-                            f"| {snr:g} | {h:g} | {ratio:g} | {v} | {mean_sd(rec)} | "
+                            f"| {snr:g} | {h:g} | {ratio:g} | {variant} | {mean_sd(rec)} | "
                             f"{paired_difference(rec, [r['recall'] for r in ref])} | {mean_sd(r2)} | "
                             f"{paired_difference(r2, [r['r2'] for r in ref])} |"
                         )

@@ -67,6 +67,11 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
     ),
     "regrow": ("closed coordinates regrow by their SGD-predicted weight", ["method.off_support_gates=regrow"]),
     "T0": ("no entropy term (T = 0)", ["method.temperature=0"]),
+    "expected_gate": (
+        "D = mean E[z] by quadrature instead of mean P(z ≠ 0)",
+        ["method.density_estimator=expected_gate"],
+    ),
+    "uniform_prior": ("KL to Bernoulli(1/2) instead of Bernoulli(ρ)", ["method.prior=uniform"]),
     "T10": ("strong entropy term (T = 10)", ["method.temperature=10"]),
     "T100": ("strong entropy term (T = 100)", ["method.temperature=100"]),
     "log_mu1": (
