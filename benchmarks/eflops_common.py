@@ -233,8 +233,8 @@ def describe_point(point: TuningPoint, skip: int = 1) -> str:
 def jaccard_stability(sets: Sequence[set[str]]) -> float:
     """Mean pairwise Jaccard index |A ∩ B| / |A ∪ B| of the selected sets (1 for identical sets).
 
-    >>> jaccard_stability([{"a", "b"}, {"b", "c"}, {"a", "b"}])
-    0.5555555555555556
+    >>> round(jaccard_stability([{"a", "b"}, {"b", "c"}, {"a", "b"}]), 4)
+    0.5556
     """
     values = []
     for i in range(len(sets)):
