@@ -1,6 +1,6 @@
 """Per-layer diagnosis of E-FLoPS on the MNIST CNN: gates, weights, gradients, round by round.
 
-    python benchmarks/eflops_mnist_gates.py [--rounds 3] [--clients 10] [--data-root ../shared/data]
+    python benchmarks/eflops_mnist_gates.py [--rounds 3] [--clients 10] [--data-root /path/to/data]
         [--override method.log_alpha_init=3 ...]
 
 Builds the module of ``+experiment=eflops_mnist_cnn method=eflops`` on the 10,000-image subset
