@@ -6,7 +6,11 @@
   overrides sees, for the centralised references.
 * :func:`tune`: the tuning protocol shared by every method: each grid point runs on the tuning
   seeds with a validation split held out of the training data, and the point of best mean
-  validation score wins (the first in grid order on ties); the test set is never read.
+  validation score wins (ties: lower validation loss, then the earlier point); the test set is
+  never read. With a target density ρ (E-FLoPS), a point whose achieved gate density D misses
+  ρ by more than 10% on any tuning seed is ineligible (:func:`density_eligible`,
+  :func:`select_grid_point`); when no point is eligible, :class:`NoEligibleSettingError` stops the
+  benchmark instead of picking one.
 * :func:`lasso_reference` and :func:`iht_reference`: the centralised references (scikit-learn
   L1 with the penalty chosen by 5-fold cross-validation on the training split; IHT at the
   federated budget m).
@@ -18,8 +22,9 @@ import json
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -129,33 +134,107 @@ def lasso_reference(task: str, x: np.ndarray, y: np.ndarray, seed: int) -> np.nd
 
 def iht_reference(task: str, x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
     """[w, b] of centralised IHT at the federated budget m."""
-    loss = "logistic" if task == "classification" else "squared"
+    loss: Literal["logistic", "squared"] = "logistic" if task == "classification" else "squared"
     return iterative_hard_thresholding(x.reshape(len(x), -1), y.astype(np.float64), m=m, loss=loss)
 
 
+DENSITY_TOLERANCE = 0.1
+"""A tuning point is eligible when every tuning run's achieved density D lies in ρ (1 ± 0.1)."""
+
+
+def density_eligible(densities: Sequence[float], rho: float, tolerance: float = DENSITY_TOLERANCE) -> bool:
+    """Whether every achieved density lies within ``tolerance`` ρ of ρ (a NaN or no run: not eligible).
+
+    >>> density_eligible([0.0186, 0.0192], 0.02), density_eligible([0.0186, 0.0171], 0.02)
+    (True, False)
+    """
+    values = [float(d) for d in densities]
+    return bool(values) and all(abs(d - rho) <= tolerance * rho + 1e-12 for d in values)
+
+
+def select_grid_point(scores: Sequence[float], losses: Sequence[float], eligible: Sequence[bool]) -> int | None:
+    """Index of the eligible point of best score, ties to the lower loss (NaN: worst), then the
+    earlier point; ``None`` when no point is eligible.
+
+    >>> select_grid_point([0.12, 0.03, 0.03], [0.1, 0.5, 0.4], [False, True, True])
+    2
+    >>> select_grid_point([0.12], [0.1], [False]) is None
+    True
+    """
+    candidates = [i for i, ok in enumerate(eligible) if ok]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda i: (scores[i], -np.nan_to_num(losses[i], nan=np.inf), -i))
+
+
+class NoEligibleSettingError(RuntimeError):
+    """No grid point met the density rule: the benchmark stops rather than pick one silently."""
+
+
+@dataclass
+class TuningPoint:
+    """One grid point: its overrides, mean validation score and loss, each tuning run's D, eligibility."""
+
+    overrides: list[str]
+    score: float
+    loss: float
+    densities: list[float]
+    eligible: bool
+
+
 def tune(
-    grid: Sequence[Sequence[str]], base: Sequence[str], seeds: Sequence[int], metric: str
-) -> tuple[list[str], list[tuple[list[str], float]]]:
-    """The grid point of best mean validation ``metric`` over ``seeds``, and every point's mean.
+    grid: Sequence[Sequence[str]],
+    base: Sequence[str],
+    seeds: Sequence[int],
+    metric: str,
+    *,
+    rho: float | None = None,
+) -> tuple[list[str], list[TuningPoint]]:
+    """The grid point of best mean validation ``metric`` over ``seeds``, and every point's record.
 
     Ties on the metric go to the lower mean validation loss, then to the earlier grid point.
+    With ``rho`` (a method with a learned density), only points whose expected gate density
+    ``model/expected_density`` is within 10% of ``rho`` on every tuning seed are eligible.
+
+    Raises:
+        NoEligibleSettingError: when ``rho`` is given and no grid point is eligible (its message holds the table).
     """
-    table: list[tuple[list[str], float]] = []
-    losses: list[float] = []
+    table: list[TuningPoint] = []
     for point in grid:
         runs = [federated_run([*base, *point, f"seed={s}"]) for s in seeds]
-        table.append((list(point), float(np.mean([float(r[metric]) for r in runs]))))
-        losses.append(float(np.mean([float(r.get("val/loss", np.nan)) for r in runs])))
-    # ties on the metric (common with 10 validation samples) go to the lower validation loss
-    best = max(range(len(table)), key=lambda i: (table[i][1], -np.nan_to_num(losses[i], nan=np.inf), -i))
-    return table[best][0], table
+        densities = [float(r.get("model/expected_density", np.nan)) for r in runs]
+        table.append(
+            TuningPoint(
+                overrides=list(point),
+                score=float(np.mean([float(r[metric]) for r in runs])),
+                loss=float(np.mean([float(r.get("val/loss", np.nan)) for r in runs])),
+                densities=densities,
+                eligible=True if rho is None else density_eligible(densities, rho),
+            )
+        )
+    best = select_grid_point([p.score for p in table], [p.loss for p in table], [p.eligible for p in table])
+    if best is None:
+        raise NoEligibleSettingError(
+            f"no grid point reaches an expected density within 10% of rho = {rho:g} on every tuning seed "
+            "(ineligible: " + "; ".join(describe_point(p) for p in table) + "); widen the grid."
+        )
+    return table[best].overrides, table
+
+
+def describe_point(point: TuningPoint, skip: int = 1) -> str:
+    """One tuning-table entry: the overrides and score, with each run's D and "ineligible" where that applies."""
+    text = f"`{' '.join(point.overrides[skip:])}` {point.score:.3f}"
+    if any(np.isfinite(point.densities)):
+        flag = "" if point.eligible else "; ineligible"
+        text += " (D " + ", ".join(f"{d:.4f}" for d in point.densities) + flag + ")"
+    return text
 
 
 def jaccard_stability(sets: Sequence[set[str]]) -> float:
     """Mean pairwise Jaccard index |A ∩ B| / |A ∪ B| of the selected sets (1 for identical sets).
 
-    >>> jaccard_stability([{"a", "b"}, {"b", "c"}, {"a", "b"}])
-    0.5555555555555556
+    >>> round(jaccard_stability([{"a", "b"}, {"b", "c"}, {"a", "b"}]), 4)
+    0.5556
     """
     values = []
     for i in range(len(sets)):

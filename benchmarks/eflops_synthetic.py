@@ -9,7 +9,9 @@ d = 500 features (|θ| = 501), a k = 10-sparse truth, 5 clients (IID: h = 0; het
 feature means μ_c ~ N(0, h² I)), ρ = 0.02 (m = 10), experiment ``sparse_regression_eflops``.
 Tuning, the same protocol for every method: each grid point (the same SGD learning rates for
 all; E-FLoPS also the λ step) runs at N/|θ| = 0.1, the first heterogeneity and SNR, on seeds
-100, 101, ...; the best mean validation R² wins. The validation set is an independent draw of
+100, 101, ...; the best mean validation R² wins. An E-FLoPS point whose expected gate density D
+misses ρ by more than 10% on a tuning seed is ineligible (listed with its D); if none is
+eligible the script writes the tuning table and stops. The validation set is an independent draw of
 the generator (``data.val_fraction`` of the test-set size), disjoint from the test set.
 Per cell: test R², support precision |Ŝ ∩ S| / |Ŝ| and recall |Ŝ ∩ S| / k, achieved density
 (non-zeros of the evaluated model; for E-FLoPS also the expected density D of the server's
@@ -29,7 +31,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from eflops_common import REPO, federated_run, iht_reference, lasso_reference, score, split_tensors, tune
+from eflops_common import (
+    REPO,
+    NoEligibleSettingError,
+    compose_cfg,
+    describe_point,
+    federated_run,
+    iht_reference,
+    lasso_reference,
+    score,
+    split_tensors,
+    tune,
+)
 
 FEDERATED = ("eflops", "fediht", "fedavg_prune")
 CENTRAL = ("lasso_cv", "central_iht")
@@ -123,16 +136,24 @@ def main() -> None:
     chosen: dict[str, list[str]] = {}
     tune_seeds = [100 + i for i in range(args.tune_seeds)]
     grid = grids(args.lrs, args.lambda_steps)
-    for method in FEDERATED:
-        best, table = tune(grid[method], base(method, 0.1, args.heterogeneity[0], args.snr[0]), tune_seeds, "val/r2")
-        chosen[method] = best
-        out.append(f"- {method}: " + "; ".join(f"`{' '.join(p[1:])}` {v:.3f}" for p, v in table))
-        out.append(f"  chosen: `{' '.join(best)}`")
-        print(out[-2], file=sys.stderr, flush=True)
     rows: list[dict] = []
 
     def write(text: str) -> None:
         Path(args.out).write_text(text)
+
+    for method in FEDERATED:
+        tuning_base = base(method, 0.1, args.heterogeneity[0], args.snr[0])
+        rho = float(compose_cfg(tuning_base).method.density) if method == "eflops" else None
+        try:
+            best, table = tune(grid[method], tuning_base, tune_seeds, "val/r2", rho=rho)
+        except NoEligibleSettingError as exc:
+            out.append(f"- {method}: stopped: {exc}")
+            write(render(out, rows, args, started))
+            raise SystemExit(f"eflops_synthetic: {exc}") from None
+        chosen[method] = best
+        out.append(f"- {method}: " + "; ".join(describe_point(p) for p in table))
+        out.append(f"  chosen: `{' '.join(best)}`")
+        print(out[-2], file=sys.stderr, flush=True)
 
     for snr in args.snr:
         for ratio in args.ratios:  # the data-poor cells first: an interrupted run still has them
@@ -143,7 +164,7 @@ def main() -> None:
                     (x, y), (xt, yt), dm = data["train"], data["test"], data["datamodule"]
                     truth = {int(j) for j in dm.true_support}
                     m = int(0.02 * (x.shape[1] + 1))
-                    runs = [(method, method, []) for method in FEDERATED]
+                    runs: list[tuple[str, str, list[str]]] = [(method, method, []) for method in FEDERATED]
                     if ratio in args.variant_ratios:
                         runs += [(label, "eflops", VARIANTS[label]) for label in args.variants]
                     for label, method, extra in runs:
@@ -254,13 +275,13 @@ def render(out: list[str], rows: list[dict], args: argparse.Namespace, started: 
             for h in sorted(args.heterogeneity):
                 for ratio in sorted(args.ratios):
                     ref = sorted(select(snr, h, ratio, "eflops"), key=lambda r: r["seed"])
-                    for v in variants:
-                        cell = sorted(select(snr, h, ratio, v), key=lambda r: r["seed"])
+                    for variant in variants:
+                        cell = sorted(select(snr, h, ratio, variant), key=lambda r: r["seed"])
                         if not cell or len(cell) != len(ref):
                             continue
                         rec, r2 = [r["recall"] for r in cell], [r["r2"] for r in cell]
                         out.append(
-                            f"| {snr:g} | {h:g} | {ratio:g} | {v} | {mean_sd(rec)} | "
+                            f"| {snr:g} | {h:g} | {ratio:g} | {variant} | {mean_sd(rec)} | "
                             f"{paired_difference(rec, [r['recall'] for r in ref])} | {mean_sd(r2)} | "
                             f"{paired_difference(r2, [r['r2'] for r in ref])} |"
                         )

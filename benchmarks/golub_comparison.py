@@ -6,7 +6,8 @@
 1. Tuning, the same protocol for every method: each point of the method's grid (the same SGD
    learning rates for all; E-FLoPS also the λ step and T) runs on the tuning seeds (100, 101, ...)
    with 20% of the training split held out for validation; the best mean validation accuracy
-   wins. The test sets are not read.
+   wins among the eligible points (E-FLoPS: expected gate density D within 10% of ρ on every
+   tuning seed; the script stops if none is). The test sets are not read.
 2. Evaluation: seeds 0..S−1, each a fresh stratified 70/30 split (50 train / 22 test), 5 IID
    clients, the one-output logistic model (|θ| = 3,572), ρ = 0.02 (m = 71), the chosen settings.
    The centralised references see the same 50 training samples: L1-logistic regression (penalty
@@ -32,6 +33,9 @@ import numpy as np
 import torch
 from eflops_common import (
     REPO,
+    NoEligibleSettingError,
+    compose_cfg,
+    describe_point,
     federated_run,
     iht_reference,
     jaccard_stability,
@@ -63,6 +67,11 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {
     ),
     "regrow": ("closed coordinates regrow by their SGD-predicted weight", ["method.off_support_gates=regrow"]),
     "T0": ("no entropy term (T = 0)", ["method.temperature=0"]),
+    "expected_gate": (
+        "D = mean E[z] by quadrature instead of mean P(z ≠ 0)",
+        ["method.density_estimator=expected_gate"],
+    ),
+    "uniform_prior": ("KL to Bernoulli(1/2) instead of Bernoulli(ρ)", ["method.prior=uniform"]),
     "T10": ("strong entropy term (T = 10)", ["method.temperature=10"]),
     "T100": ("strong entropy term (T = 100)", ["method.temperature=100"]),
     "log_mu1": (
@@ -131,11 +140,16 @@ def main() -> None:
         "",
     ]
     for method in FEDERATED:
-        best, table = tune(
-            GRIDS[method], [*base(method, args.data_root), "data.val_fraction=0.2"], tune_seeds, "val/acc"
-        )
+        tuning_base = [*base(method, args.data_root), "data.val_fraction=0.2"]
+        rho = float(compose_cfg(tuning_base).method.density) if method == "eflops" else None
+        try:
+            best, table = tune(GRIDS[method], tuning_base, tune_seeds, "val/acc", rho=rho)
+        except NoEligibleSettingError as exc:
+            out.append(f"- {method}: stopped: {exc}")
+            write(out)
+            raise SystemExit(f"golub_comparison: {exc}") from None
         chosen[method] = best
-        out.append(f"- {method}: " + "; ".join(f"`{' '.join(p[1:])}` {v:.3f}" for p, v in table))
+        out.append(f"- {method}: " + "; ".join(describe_point(p) for p in table))
         out.append(f"  chosen: `{' '.join(best)}`")
         print(out[-2], file=sys.stderr, flush=True)
     acc: dict[str, list[float]] = {m: [] for m in (*FEDERATED, *CENTRAL)}

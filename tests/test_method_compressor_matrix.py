@@ -58,7 +58,7 @@ OWN_CODEC: dict[str, tuple[str, int | None]] = {
     "continuous_zampling": ("float32", 32 * N_ZAMPLING),
     "supermask": ("float32", 32 * PARAMS),  # n = m
     "fedpm": ("bitpack", PARAMS),
-    "eflops": ("eflops_gates", None),  # index-coded support: data-dependent
+    **{m: ("eflops_gates", None) for m in ("eflops", "eflops_cnn")},  # index-coded support: data-dependent
     "fediht": ("sparse[float32]", None),
     **{m: ("float32", None) for m in ("fjord", "fjord_smallest", "efd")},  # one slice per tier
 }
@@ -69,6 +69,7 @@ SLICED = {"fjord": 4810, "fjord_smallest": 4810, "efd": 4810}  # digits_mlp para
 # server optimiser) run only their distinct pairs in the default suite (own codec, a layer-wise
 # operator, error feedback); their other pairs are marked slow.
 SHARED_PATH = (
+    "eflops_cnn",
     *("fjord_smallest", "efd"),
     *("fednova", "fedavg_epochs", "fedavg_min", "fedavg_mean"),
     *("fedavgm", "fedadam", "fedyogi", "fedadagrad"),
