@@ -78,10 +78,13 @@ def schemes(density: float) -> dict[str, Scheme]:
         "natural_dithering": Scheme(lambda h: NaturalDithering(p=2, s=8)),
         "standard_dithering": Scheme(lambda h: StandardDithering(p=2, s=128)),
         "terngrad": Scheme(lambda h: TernGrad()),
+        "terngrad_ef": Scheme(lambda h: TernGrad(), error_feedback=True),
         "top_k": Scheme(lambda h: TopK(fraction=h)),
         "top_k_ef": Scheme(lambda h: TopK(fraction=h), error_feedback=True),
         "rand_k": Scheme(lambda h: RandK(fraction=h)),
+        "rand_k_ef": Scheme(lambda h: RandK(fraction=h), error_feedback=True),
         "grad_spars": Scheme(lambda h: GradientSparsification(fraction=h)),
+        "grad_spars_ef": Scheme(lambda h: GradientSparsification(fraction=h), error_feedback=True),
         "induced": Scheme(lambda h: InducedCompressor(TopK(fraction=half), GradientSparsification(fraction=half))),
         "top_k_natural_ef": Scheme(
             lambda h: TopKThen(NaturalDithering(p=math.inf, s=2), fraction=h), error_feedback=True
@@ -204,7 +207,7 @@ def train_classifier(
     step = 0
     for epoch in range(args.epochs):
         orders = [
-            s[torch.randperm(len(s), generator=torch.Generator().manual_seed(epoch * 7 + i))]
+            s[torch.randperm(len(s), generator=torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 7 + i))]
             for i, s in enumerate(shards)
         ]
         for b in range(steps_per_epoch):
@@ -233,6 +236,7 @@ def train_classifier(
                     out,
                     workload=workload,
                     op=name,
+                    seed=args.seed,
                     master=args.master,
                     lr=args.lr,
                     density=args.density,
@@ -317,6 +321,7 @@ def run_digits(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) -
                 out,
                 workload="digits",
                 op=name,
+                seed=args.seed,
                 lr=lr,
                 density=args.density,
                 step=step,
@@ -389,15 +394,19 @@ def main() -> None:
     parser.add_argument("--master", default="none", choices=["none", "natural", "natural_dithering"])
     parser.add_argument("--data-root", default="../shared/data")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="run every (lr, operator) on each seed (overrides --seed)"
+    )
     parser.add_argument("--out", type=Path, default=Path("outputs/dsgd/results.jsonl"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     table = schemes(args.density)
-    for lr in args.lr:
-        for name in args.ops:
-            one = argparse.Namespace(**{**vars(args), "lr": lr})
-            runner = {"mnist": run_mnist, "cifar10": run_cifar10, "digits": run_digits}[args.workload]
-            runner(one, name, table[name], args.out)
+    runner = {"mnist": run_mnist, "cifar10": run_cifar10, "digits": run_digits}[args.workload]
+    for seed in args.seeds if args.seeds is not None else [args.seed]:
+        for lr in args.lr:
+            for name in args.ops:
+                one = argparse.Namespace(**{**vars(args), "lr": lr, "seed": seed})
+                runner(one, name, table[name], args.out)
 
 
 if __name__ == "__main__":
