@@ -102,6 +102,10 @@ def add_flat_(model: nn.Module, step: Tensor) -> None:
     assign_flat_(model, x + step.to(x.dtype))
 
 
+class DivergedError(Exception):
+    """A worker's vector to compress (step plus memory) is no longer finite."""
+
+
 class Workers:
     """``n`` workers' compression state: operator, error memories, generators, bit counters."""
 
@@ -115,6 +119,8 @@ class Workers:
     def send(self, i: int, step: Tensor) -> Tensor:
         """Worker ``i`` sends ``step`` (= −η g_i); returns what the master decodes."""
         v = self.memory[i] + step if self.ef else step
+        if not bool(torch.isfinite(v).all()):
+            raise DivergedError(f"worker {i}: the vector to compress is not finite")
         message = self.op.compress(v, self.gens[i])
         self.bits += message.num_bits
         decoded = message.decode()
@@ -212,11 +218,28 @@ def train_classifier(
         ]
         for b in range(steps_per_epoch):
             total = torch.zeros(sum(sizes))
-            for i in range(n):
-                idx = orders[i][b * args.batch : (b + 1) * args.batch]
-                model.zero_grad()
-                loss_fn(model(prep(xtr[idx])), ytr[idx]).backward()
-                total += workers.send(i, -args.lr * flat_grad(model))
+            try:
+                for i in range(n):
+                    idx = orders[i][b * args.batch : (b + 1) * args.batch]
+                    model.zero_grad()
+                    loss_fn(model(prep(xtr[idx])), ytr[idx]).backward()
+                    total += workers.send(i, -args.lr * flat_grad(model))
+            except DivergedError:
+                record(
+                    out,
+                    workload=workload,
+                    op=name,
+                    seed=args.seed,
+                    master=args.master,
+                    lr=args.lr,
+                    density=args.density,
+                    step=step + 1,
+                    epoch=(step + 1) / steps_per_epoch,
+                    diverged=True,
+                    up_bits=workers.bits,
+                    validation=args.validation,
+                )
+                return
             aggregate = total / n
             if master is not None:
                 message = master.compress(aggregate, master_gen)

@@ -91,3 +91,11 @@ def test_runs_that_stopped_before_the_epoch_are_left_out(tmp_path: Path) -> None
     runs = summary.final_records([path], 1.0)
     (key,) = runs
     assert list(runs[key]) == [0] and runs[key][0]["test_acc"] == 0.7
+
+
+def test_a_non_finite_vector_to_compress_stops_the_run_instead_of_reaching_the_operator() -> None:
+    bench = load_benchmark()
+    workers = bench.Workers(TernGrad(), [3], 1, True, 0)
+    with pytest.raises(bench.DivergedError, match="worker 0"):
+        workers.send(0, torch.tensor([1.0, float("inf"), 0.0]))
+    assert workers.bits == 0
