@@ -24,7 +24,9 @@ Two workloads:
 
 With ``--validation N`` the last ``N`` images of the seeded permutation of the training set are
 held out (validation accuracy is recorded next to the test accuracy, for choosing a step size
-on validation and reporting it on test); ``--lr`` takes several step sizes.
+on validation and reporting it on test); ``--lr`` takes several step sizes and ``--seeds`` several
+seeds (``benchmarks/distributed_sgd_seeds.py`` summarises them). A run whose vector to compress
+stops being finite records ``diverged: true`` and ends.
 
 Each run appends one JSON line per evaluation: workload, operator, step, uplink/downlink bits
 so far and the metric.
