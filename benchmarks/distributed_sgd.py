@@ -24,7 +24,9 @@ Two workloads:
 
 With ``--validation N`` the last ``N`` images of the seeded permutation of the training set are
 held out (validation accuracy is recorded next to the test accuracy, for choosing a step size
-on validation and reporting it on test); ``--lr`` takes several step sizes.
+on validation and reporting it on test); ``--lr`` takes several step sizes and ``--seeds`` several
+seeds (``benchmarks/distributed_sgd_seeds.py`` summarises them). A run whose vector to compress
+stops being finite records ``diverged: true`` and ends.
 
 Each run appends one JSON line per evaluation: workload, operator, step, uplink/downlink bits
 so far and the metric.
@@ -78,10 +80,13 @@ def schemes(density: float) -> dict[str, Scheme]:
         "natural_dithering": Scheme(lambda h: NaturalDithering(p=2, s=8)),
         "standard_dithering": Scheme(lambda h: StandardDithering(p=2, s=128)),
         "terngrad": Scheme(lambda h: TernGrad()),
+        "terngrad_ef": Scheme(lambda h: TernGrad(), error_feedback=True),
         "top_k": Scheme(lambda h: TopK(fraction=h)),
         "top_k_ef": Scheme(lambda h: TopK(fraction=h), error_feedback=True),
         "rand_k": Scheme(lambda h: RandK(fraction=h)),
+        "rand_k_ef": Scheme(lambda h: RandK(fraction=h), error_feedback=True),
         "grad_spars": Scheme(lambda h: GradientSparsification(fraction=h)),
+        "grad_spars_ef": Scheme(lambda h: GradientSparsification(fraction=h), error_feedback=True),
         "induced": Scheme(lambda h: InducedCompressor(TopK(fraction=half), GradientSparsification(fraction=half))),
         "top_k_natural_ef": Scheme(
             lambda h: TopKThen(NaturalDithering(p=math.inf, s=2), fraction=h), error_feedback=True
@@ -99,6 +104,10 @@ def add_flat_(model: nn.Module, step: Tensor) -> None:
     assign_flat_(model, x + step.to(x.dtype))
 
 
+class DivergedError(Exception):
+    """A worker's vector to compress (step plus memory) is no longer finite."""
+
+
 class Workers:
     """``n`` workers' compression state: operator, error memories, generators, bit counters."""
 
@@ -112,6 +121,8 @@ class Workers:
     def send(self, i: int, step: Tensor) -> Tensor:
         """Worker ``i`` sends ``step`` (= −η g_i); returns what the master decodes."""
         v = self.memory[i] + step if self.ef else step
+        if not bool(torch.isfinite(v).all()):
+            raise DivergedError(f"worker {i}: the vector to compress is not finite")
         message = self.op.compress(v, self.gens[i])
         self.bits += message.num_bits
         decoded = message.decode()
@@ -204,16 +215,33 @@ def train_classifier(
     step = 0
     for epoch in range(args.epochs):
         orders = [
-            s[torch.randperm(len(s), generator=torch.Generator().manual_seed(epoch * 7 + i))]
+            s[torch.randperm(len(s), generator=torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 7 + i))]
             for i, s in enumerate(shards)
         ]
         for b in range(steps_per_epoch):
             total = torch.zeros(sum(sizes))
-            for i in range(n):
-                idx = orders[i][b * args.batch : (b + 1) * args.batch]
-                model.zero_grad()
-                loss_fn(model(prep(xtr[idx])), ytr[idx]).backward()
-                total += workers.send(i, -args.lr * flat_grad(model))
+            try:
+                for i in range(n):
+                    idx = orders[i][b * args.batch : (b + 1) * args.batch]
+                    model.zero_grad()
+                    loss_fn(model(prep(xtr[idx])), ytr[idx]).backward()
+                    total += workers.send(i, -args.lr * flat_grad(model))
+            except DivergedError:
+                record(
+                    out,
+                    workload=workload,
+                    op=name,
+                    seed=args.seed,
+                    master=args.master,
+                    lr=args.lr,
+                    density=args.density,
+                    step=step + 1,
+                    epoch=(step + 1) / steps_per_epoch,
+                    diverged=True,
+                    up_bits=workers.bits,
+                    validation=args.validation,
+                )
+                return
             aggregate = total / n
             if master is not None:
                 message = master.compress(aggregate, master_gen)
@@ -233,6 +261,7 @@ def train_classifier(
                     out,
                     workload=workload,
                     op=name,
+                    seed=args.seed,
                     master=args.master,
                     lr=args.lr,
                     density=args.density,
@@ -317,6 +346,7 @@ def run_digits(args: argparse.Namespace, name: str, scheme: Scheme, out: Path) -
                 out,
                 workload="digits",
                 op=name,
+                seed=args.seed,
                 lr=lr,
                 density=args.density,
                 step=step,
@@ -389,15 +419,19 @@ def main() -> None:
     parser.add_argument("--master", default="none", choices=["none", "natural", "natural_dithering"])
     parser.add_argument("--data-root", default="../shared/data")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="run every (lr, operator) on each seed (overrides --seed)"
+    )
     parser.add_argument("--out", type=Path, default=Path("outputs/dsgd/results.jsonl"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     table = schemes(args.density)
-    for lr in args.lr:
-        for name in args.ops:
-            one = argparse.Namespace(**{**vars(args), "lr": lr})
-            runner = {"mnist": run_mnist, "cifar10": run_cifar10, "digits": run_digits}[args.workload]
-            runner(one, name, table[name], args.out)
+    runner = {"mnist": run_mnist, "cifar10": run_cifar10, "digits": run_digits}[args.workload]
+    for seed in args.seeds if args.seeds is not None else [args.seed]:
+        for lr in args.lr:
+            for name in args.ops:
+                one = argparse.Namespace(**{**vars(args), "lr": lr, "seed": seed})
+                runner(one, name, table[name], args.out)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from fedlightning.compression import GradientSparsification, InducedCompressor, NURand1, RandK, TopK
+from fedlightning.compression import (
+    DeterministicNatural,
+    GradientSparsification,
+    Identity,
+    InducedCompressor,
+    NaturalCompression,
+    NaturalDithering,
+    NURand1,
+    RandK,
+    TopK,
+    TopKThen,
+)
 from fedlightning.compression.theory import (
     UnscaledRandK,
     cgd_theory_curve,
     dcgd,
+    descent_step,
     least_squares,
     random_quadratic,
     top1_counterexample,
@@ -91,3 +105,27 @@ def test_unscaled_rand_k_keeps_k_coordinates_unchanged() -> None:
 
 def test_cgd_theory_curve_clips_the_relative_error_to_the_unit_interval() -> None:
     assert cgd_theory_curve([1.5, -0.5], mu=1.0, smoothness=2.0) == [1.0, 1.0, 0.5]
+
+
+def test_descent_step_of_an_unbiased_operator_is_one_over_l_times_one_plus_omega() -> None:
+    assert descent_step(RandK(k=5), dim=100, smoothness=2.0) == 1.0 / (2.0 * 20.0)  # ω = d/k − 1 = 19
+    assert descent_step(NaturalCompression(), dim=7, smoothness=1.0) == 1.0 / 1.125  # ω = 1/8
+    assert descent_step(Identity(), dim=7, smoothness=4.0) == 0.25
+
+
+def test_descent_step_of_top_k_then_dithering_uses_the_inner_omega_at_k() -> None:
+    # D_nat^{∞,2} on k = 5 coordinates: ω = 1/8 + √5·2^{−1}·min(1, √5·2^{−1}) = 1/8 + √5/2 (Theorem 2.5.2)
+    op = TopKThen(NaturalDithering(p=math.inf, s=2), k=5)
+    assert descent_step(op, dim=100, smoothness=1.0) == pytest.approx(1.0 / (1.0 + 0.125 + math.sqrt(5) / 2), rel=1e-12)
+
+
+def test_descent_step_of_a_biased_contractive_operator_is_one_over_l() -> None:
+    assert descent_step(TopK(k=5), dim=100, smoothness=4.0) == 0.25
+    assert descent_step(DeterministicNatural(), dim=100, smoothness=4.0) == 0.25
+
+
+def test_cumulative_bits_count_every_worker_message_of_every_step() -> None:
+    # Identity sends 32 bits per coordinate: 3 workers × 3 coordinates × 32 = 288 bits a step
+    trace = dcgd(top1_counterexample(), Identity(), steps=4, lr=0.01, x0=torch.ones(3, dtype=torch.float64))
+    assert trace.cumulative_bits == [0, 288, 576, 864, 1152]
+    assert trace.bits == 1152

@@ -7,6 +7,8 @@
 * :func:`dcgd`: distributed compressed gradient descent ``x ← x − (η/n) Σ_i C(∇f_i(x))``
   (Algorithm 5), or with error feedback ``C(e_i + η∇f_i(x))`` (Algorithm 4/6), through the
   operators of :mod:`fedlightning.compression` (their messages, their bits).
+* :func:`descent_step`: the step size for which the descent lemma guarantees progress in
+  expectation with a given operator (the per-operator steps of the Fig. 4.5 and 4.6 runs).
 * :func:`cgd_theory_curve`: the adaptive form of Theorem 4.5.3 the thesis draws in Figs. 4.7
   and 4.8, ``Π_{i≤k} (1 − μ/(L δ_i))`` with ``1 − 1/δ_i = ‖C(g_i) − g_i‖²/‖g_i‖²`` measured
   along the run.
@@ -24,7 +26,7 @@ import torch
 from torch import Tensor
 
 from fedlightning.compression.operators import Compressor
-from fedlightning.compression.sparse import RandK
+from fedlightning.compression.sparse import RandK, TopKThen
 
 __all__ = [
     "DCGDTrace",
@@ -32,6 +34,7 @@ __all__ = [
     "UnscaledRandK",
     "cgd_theory_curve",
     "dcgd",
+    "descent_step",
     "least_squares",
     "random_quadratic",
     "top1_counterexample",
@@ -138,6 +141,8 @@ class DCGDTrace:
     """``‖C(g) − g‖²/‖g‖²`` of each step's compressed vector(s), averaged over workers."""
     bits: int
     iterate: Tensor
+    cumulative_bits: list[int] = field(default_factory=list)
+    """Bits sent by all workers up to ``x^k`` for ``k = 0..`` (``cumulative_bits[0] = 0``)."""
 
 
 def dcgd(
@@ -164,6 +169,7 @@ def dcgd(
     subopt = [problem.value(x) - f_star]
     errors: list[float] = []
     bits = 0
+    cumulative = [0]
     for _ in range(steps):
         total = torch.zeros(problem.dim, dtype=torch.float64)
         err = 0.0
@@ -178,12 +184,38 @@ def dcgd(
             norm = float(v @ v)
             err += float((sent - v) @ (sent - v)) / norm if norm > 0 else 0.0
         errors.append(err / n)
+        cumulative.append(bits)
         x = x - total / n
         if not bool(torch.isfinite(x).all()):
             subopt.extend([math.inf] * (steps + 1 - len(subopt)))
             break
         subopt.append(problem.value(x) - f_star)
-    return DCGDTrace(suboptimality=subopt, relative_errors=errors, bits=bits, iterate=x)
+    return DCGDTrace(suboptimality=subopt, relative_errors=errors, bits=bits, iterate=x, cumulative_bits=cumulative)
+
+
+def descent_step(compressor: Compressor, *, dim: int, smoothness: float) -> float:
+    """The step ``η`` that makes ``x − ηC(∇f(x))`` decrease an ``L``-smooth ``f`` in expectation.
+
+    From ``E f(x − ηC(g)) ≤ f(x) − η⟨g, E C(g)⟩ + (Lη²/2) E‖C(g)‖²`` (arXiv 2207.00392, ch. 4):
+
+    * unbiased ``C`` with variance ω: ``E C(g) = g``, ``E‖C(g)‖² ≤ (1 + ω)‖g‖²``, so ``η = 1/(L(1 + ω))``;
+    * Top-k followed by an unbiased ``U`` with ω_U(k): ``⟨g, Top-k(g)⟩ = ‖Top-k(g)‖²`` and
+      ``E‖U(Top-k(g))‖² ≤ (1 + ω_U(k))‖Top-k(g)‖²``, so ``η = 1/(L(1 + ω_U(k)))``;
+    * any other (biased, B³) operator: ``η = 1/L``, the step of Theorem 4.5.3.
+
+    >>> from fedlightning.compression import RandK
+    >>> descent_step(RandK(k=5), dim=100, smoothness=2.0)
+    0.025
+    """
+    if compressor.unbiased:
+        omega = compressor.omega(dim)
+        if omega is None:
+            raise ValueError(f"{compressor.name} is unbiased but declares no ω in dimension {dim}")
+        return 1.0 / (smoothness * (1.0 + omega))
+    if isinstance(compressor, TopKThen) and compressor.inner.unbiased:
+        inner = compressor.inner.omega(compressor.top.k_of(dim))
+        return 1.0 / (smoothness * (1.0 + (inner or 0.0)))
+    return 1.0 / smoothness
 
 
 def cgd_theory_curve(relative_errors: Sequence[float], *, mu: float, smoothness: float) -> list[float]:
