@@ -211,6 +211,14 @@ def train_classifier(
     down_bits = 0
     steps_per_epoch = min(len(s) for s in shards) // args.batch
     loss_fn = nn.CrossEntropyLoss()
+    run_keys = {
+        "workload": workload,
+        "op": name,
+        "seed": args.seed,
+        "master": args.master,
+        "lr": args.lr,
+        "density": args.density,
+    }
     started = time.perf_counter()
     step = 0
     for epoch in range(args.epochs):
@@ -229,12 +237,7 @@ def train_classifier(
             except DivergedError:
                 record(
                     out,
-                    workload=workload,
-                    op=name,
-                    seed=args.seed,
-                    master=args.master,
-                    lr=args.lr,
-                    density=args.density,
+                    **run_keys,
                     step=step + 1,
                     epoch=(step + 1) / steps_per_epoch,
                     diverged=True,
@@ -259,12 +262,7 @@ def train_classifier(
                     val_acc = accuracy(model, prep, xtr[val_idx], ytr[val_idx], eval_chunk) if len(val_idx) else None
                 record(
                     out,
-                    workload=workload,
-                    op=name,
-                    seed=args.seed,
-                    master=args.master,
-                    lr=args.lr,
-                    density=args.density,
+                    **run_keys,
                     step=step,
                     epoch=step / steps_per_epoch,
                     up_bits=workers.bits,
