@@ -14,9 +14,10 @@ import torch
 from fedlightning.compression import TernGrad
 
 
-def load_benchmark() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "distributed_sgd.py"
-    spec = importlib.util.spec_from_file_location("distributed_sgd_benchmark", path)
+def load_benchmark(name: str = "distributed_sgd") -> ModuleType:
+    """The script ``benchmarks/<name>.py`` as a module (benchmarks are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -57,13 +58,7 @@ def test_without_error_feedback_the_memory_stays_empty() -> None:
 
 
 def load_seed_summary() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "distributed_sgd_seeds.py"
-    spec = importlib.util.spec_from_file_location("distributed_sgd_seeds_benchmark", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("distributed_sgd_seeds")
 
 
 def test_paired_difference_has_the_student_t_half_width_of_its_sample_sd() -> None:
