@@ -10,9 +10,10 @@ round it scored as ``test/scored_round``; without it the last round is tested an
 
 The Zampling paper (arXiv 2503.14246) trains "for 100 epochs with early stopping, using 10
 epochs of patience and a delta of 10^-4": for its centralised runs (one round = one epoch) that
-is ``rounds=100`` with ``patience=10``, ``min_delta=1e-4`` on a held-out validation split. Lightning's own ``EarlyStopping`` stops but leaves the test on the last weights,
-and its ``ModelCheckpoint`` restores through a file and the trainer's ``ckpt_path``; this
-callback keeps the best state itself so that ``fedlightning.run`` needs no second test path.
+is ``rounds=100`` with ``patience=10``, ``min_delta=1e-4`` on a held-out validation split.
+Lightning's own ``EarlyStopping`` stops but leaves the test on the last weights, and its
+``ModelCheckpoint`` restores through a file and the trainer's ``ckpt_path``; this callback
+keeps the best state itself so that ``fedlightning.run`` needs no second test path.
 
 A module whose evaluation depends on the round (the Zampling family draws its sampled
 networks from the round's random stream) reads the round of the state it evaluates with
