@@ -22,7 +22,6 @@ networks from the round's random stream) reads the round of the state it evaluat
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import logging
 import math
@@ -36,6 +35,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from fedlightning.errors import ConfigError
+from fedlightning.schema import close_match
 
 __all__ = ["SCORED_ROUND_ATTRIBUTE", "RoundEarlyStopping", "early_stopping_callback", "improves", "state_round"]
 
@@ -198,8 +198,8 @@ def early_stopping_callback(node: Mapping[str, Any] | None) -> RoundEarlyStoppin
     valid = [name for name in inspect.signature(RoundEarlyStopping).parameters]
     for key in options:
         if key not in valid:
-            match = difflib.get_close_matches(key, valid, n=1)
-            hint = f" (did you mean {match[0]}?)" if match else ""
+            match = close_match(key, valid)
+            hint = f" (did you mean {match}?)" if match else ""
             raise ConfigError(f"early_stopping.{key} is not an early-stopping setting{hint}; use {', '.join(valid)}.")
     if options.get("monitor") is None:
         return None
