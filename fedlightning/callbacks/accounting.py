@@ -10,6 +10,7 @@ round, saved in checkpoints, and logged as float64 (a float32 log would round to
 from __future__ import annotations
 
 import csv
+from collections import Counter
 from pathlib import Path
 from typing import Any, cast
 
@@ -62,7 +63,7 @@ class CommunicationAccountant(FederatedCallback):
         self.per_client = torch.zeros((0, 2), dtype=torch.int64)
         # This round's counts, as Python ints (one message costs no tensor op); tensors at the round's end.
         self._round = [0] * _COUNTERS
-        self._round_per_client: dict[tuple[int, int], int] = {}  # (client, UP | DOWN) -> bits
+        self._round_per_client: Counter[tuple[int, int]] = Counter()  # (client, UP | DOWN) -> bits
         self._rows: list[tuple[int, int, str, int, str, str, float]] = []
 
     @override
@@ -76,7 +77,7 @@ class CommunicationAccountant(FederatedCallback):
     @override
     def on_round_start(self, trainer: L.Trainer, module: FederatedModule, round_idx: int) -> None:
         self._round = [0] * _COUNTERS
-        self._round_per_client = {}
+        self._round_per_client = Counter()
         self._rows.clear()
 
     @override
@@ -86,8 +87,7 @@ class CommunicationAccountant(FederatedCallback):
         counts = self._round
         counts[_DOWN_BITS] += message.num_bits
         counts[_DOWN_MSGS] += 1
-        counts[_DOWN_DENSE] += module.dense_message_bits
-        self._count(client_id, DOWN, message.num_bits)
+        self._round_per_client[client_id, DOWN] += message.num_bits
         if self.records_path is not None:
             self._rows.append(self._row(module, round_idx, client_id, "down", message, "payload"))
 
@@ -98,8 +98,7 @@ class CommunicationAccountant(FederatedCallback):
         counts = self._round
         counts[_UP_BITS] += message.num_bits
         counts[_UP_MSGS] += 1
-        counts[_UP_DENSE] += module.dense_message_bits
-        self._count(client_id, UP, message.num_bits)
+        self._round_per_client[client_id, UP] += message.num_bits
         if self.records_path is not None:
             self._rows.append(self._row(module, round_idx, client_id, "up", message, "payload"))
 
@@ -116,13 +115,9 @@ class CommunicationAccountant(FederatedCallback):
         up = direction == "up"
         self._round[_UP_BITS if up else _DOWN_BITS] += message.num_bits
         self._round[_UP_CONTROL if up else _DOWN_CONTROL] += message.num_bits
-        self._count(client_id, UP if up else DOWN, message.num_bits)
+        self._round_per_client[client_id, UP if up else DOWN] += message.num_bits
         if self.records_path is not None:
             self._rows.append(self._row(module, round_idx, client_id, direction, message, "control"))
-
-    def _count(self, client_id: int, direction: int, bits: int) -> None:
-        key = (client_id, direction)
-        self._round_per_client[key] = self._round_per_client.get(key, 0) + bits
 
     @staticmethod
     def _row(
@@ -137,6 +132,9 @@ class CommunicationAccountant(FederatedCallback):
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, metrics: dict[str, Any]
     ) -> None:
         # Each process counted the messages of its own clients: sum the counters, gather the rows.
+        # Every payload message would have cost one dense float32 copy of the model.
+        self._round[_UP_DENSE] = self._round[_UP_MSGS] * module.dense_message_bits
+        self._round[_DOWN_DENSE] = self._round[_DOWN_MSGS] * module.dense_message_bits
         round_counts = module.reduce_sum(torch.tensor(self._round, dtype=torch.int64)).to(torch.int64).cpu()
         self.totals += round_counts
         per_client = torch.zeros_like(self.per_client)
