@@ -244,18 +244,22 @@ def _one_round(module: L.LightningModule) -> float:
     return _one_round_timed(module)
 
 
-def _one_round_timed(module: L.LightningModule) -> float:
-    timer = _Timer()
-    trainer = L.Trainer(
-        max_steps=1,
+def _round_trainer(rounds: int, callback: L.Callback) -> L.Trainer:
+    """A bare Trainer for ``rounds`` full-participation rounds without validation, with ``callback``."""
+    return L.Trainer(
+        max_steps=rounds,
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[FullParticipation(), timer],
+        callbacks=[FullParticipation(), callback],
     )
-    trainer.fit(module)
+
+
+def _one_round_timed(module: L.LightningModule) -> float:
+    timer = _Timer()
+    _round_trainer(1, timer).fit(module)
     return timer.times[-1]
 
 
@@ -365,16 +369,7 @@ def s5_run_benchmark(data_root: str, rounds: int) -> dict[str, list[float]]:
     s5 = Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=32)
     _one_round(s1)  # warm-up: the first S1 round pays one-time costs of the process
     interleave = _InterleavedS1(s1)
-    trainer = L.Trainer(
-        max_steps=rounds,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[FullParticipation(), interleave],
-    )
-    trainer.fit(s5)
+    _round_trainer(rounds, interleave).fit(s5)
     return {"S5": interleave.s5_times, "S1": interleave.s1_times, "frozen": interleave.frozen}
 
 
