@@ -1,16 +1,17 @@
 """Shared pieces of the E-FLoPS benchmarks (``golub_comparison.py``, ``eflops_synthetic.py``).
 
 * :func:`federated_run`: one in-process federated run from Hydra overrides (summary and the
-  selected input features of the evaluated sparse model).
+  selected input features of the evaluated sparse model; ``{"diverged": True, ...}`` for a run
+  the engine's divergence guard stopped); :func:`run_all` runs many of them in worker processes.
 * :func:`split_tensors`: the exact train / validation / test tensors a run with the same
   overrides sees, for the centralised references.
 * :func:`tune`: the tuning protocol shared by every method: each grid point runs on the tuning
   seeds with a validation split held out of the training data, and the point of best mean
   validation score wins (ties: lower validation loss, then the earlier point); the test set is
-  never read. With a target density ρ (E-FLoPS), a point whose achieved gate density D misses
-  ρ by more than 10% on any tuning seed is ineligible (:func:`density_eligible`,
-  :func:`select_grid_point`); when no point is eligible, :class:`NoEligibleSettingError` stops the
-  benchmark instead of picking one.
+  never read. A point with a diverged tuning run is ineligible, and so, with a target density ρ
+  (E-FLoPS), is a point whose achieved gate density D misses ρ by more than 10% on any tuning
+  seed (:func:`density_eligible`, :func:`select_grid_point`); when no point is eligible,
+  :class:`NoEligibleSettingError` stops the benchmark instead of picking one.
 * :func:`lasso_reference` and :func:`iht_reference`: the centralised references (scikit-learn
   L1 with the penalty chosen by 5-fold cross-validation on the training split; IHT at the
   federated budget m).
@@ -19,9 +20,12 @@
 from __future__ import annotations
 
 import json
+import logging
+import multiprocessing
 import sys
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +39,7 @@ from omegaconf import DictConfig
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's fedlightning, not another installed copy
 
+from fedlightning.federated.divergence import DivergenceError  # noqa: E402
 from fedlightning.methods.fediht import iterative_hard_thresholding  # noqa: E402
 from fedlightning.run import run  # noqa: E402
 
@@ -63,8 +68,10 @@ EFLOPS_CODE_VERSION = 2
 def federated_run(overrides: Sequence[str]) -> dict[str, Any]:
     """Summary of one run, with ``"features"``: the selected input features (may be empty).
 
-    Summaries are cached under ``outputs/benchmark_cache`` (git-ignored), keyed by the overrides,
-    so an interrupted benchmark resumes where it stopped (clear the folder after a code change).
+    A run that the engine's divergence guard stops returns ``{"diverged": True, "error": ...}``
+    (no metrics) instead of ending the benchmark. Summaries are cached under
+    ``outputs/benchmark_cache`` (git-ignored), keyed by the overrides, so an interrupted benchmark
+    resumes where it stopped (clear the folder after a code change).
     """
     import hashlib
 
@@ -75,12 +82,56 @@ def federated_run(overrides: Sequence[str]) -> dict[str, Any]:
         return dict(json.loads(cached.read_text()))
     cfg = compose_cfg(overrides)
     with tempfile.TemporaryDirectory() as folder:
-        summary = dict(run(cfg, folder))
+        try:
+            summary = dict(run(cfg, folder))
+        except DivergenceError as exc:
+            summary = {"diverged": True, "error": str(exc)}
         path = Path(folder) / "selected_features.json"
         summary["features"] = json.loads(path.read_text())["features"] if path.exists() else []
     CACHE.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps({k: v for k, v in summary.items() if _plain(v)}))
     return summary
+
+
+def _quiet_worker() -> None:
+    torch.set_num_threads(1)
+    logging.disable(logging.WARNING)
+
+
+def _cache_run(overrides: list[str]) -> None:
+    federated_run(overrides)
+
+
+def run_all(runs: Sequence[Sequence[str]], jobs: int) -> None:
+    """Runs (and caches) every override list, in ``jobs`` worker processes of one torch thread each.
+
+    Results are read back with :func:`federated_run`, which then hits the cache; with ``jobs <= 1``
+    the runs happen in this process, in order.
+    """
+    todo = [list(r) for r in dict.fromkeys(tuple(r) for r in runs)]
+    if jobs <= 1:
+        for overrides in todo:
+            federated_run(overrides)
+        return
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=spawn, initializer=_quiet_worker) as pool:
+        for future in [pool.submit(_cache_run, overrides) for overrides in todo]:
+            future.result()
+
+
+def merge_overrides(*groups: Sequence[str]) -> list[str]:
+    """The override lists joined, a later ``key=value`` replacing an earlier one of the same key.
+
+    >>> merge_overrides(["a=1", "method.t=0.001"], ["method.t=0", "b=2"])
+    ['a=1', 'method.t=0', 'b=2']
+    """
+    merged: dict[str, str] = {}
+    for group in groups:
+        for item in group:
+            key = item.split("=", 1)[0]
+            merged.pop(key, None)
+            merged[key] = item
+    return list(merged.values())
 
 
 def _plain(value: Any) -> bool:
@@ -173,13 +224,15 @@ class NoEligibleSettingError(RuntimeError):
 
 @dataclass
 class TuningPoint:
-    """One grid point: its overrides, mean validation score and loss, each tuning run's D, eligibility."""
+    """One grid point: its overrides, mean validation score and loss, each tuning run's D, eligibility,
+    and how many of its tuning runs diverged."""
 
     overrides: list[str]
     score: float
     loss: float
     densities: list[float]
     eligible: bool
+    diverged: int = 0
 
 
 def tune(
@@ -193,29 +246,33 @@ def tune(
     """The grid point of best mean validation ``metric`` over ``seeds``, and every point's record.
 
     Ties on the metric go to the lower mean validation loss, then to the earlier grid point.
-    With ``rho`` (a method with a learned density), only points whose expected gate density
-    ``model/expected_density`` is within 10% of ``rho`` on every tuning seed are eligible.
+    A point with a diverged tuning run is not eligible. With ``rho`` (a method with a learned
+    density), only points whose expected gate density ``model/expected_density`` is within 10% of
+    ``rho`` on every tuning seed are eligible.
 
     Raises:
-        NoEligibleSettingError: when ``rho`` is given and no grid point is eligible (its message holds the table).
+        NoEligibleSettingError: when no grid point is eligible (its message holds the table).
     """
     table: list[TuningPoint] = []
     for point in grid:
         runs = [federated_run([*base, *point, f"seed={s}"]) for s in seeds]
+        diverged = sum(bool(r.get("diverged")) for r in runs)
         densities = [float(r.get("model/expected_density", np.nan)) for r in runs]
         table.append(
             TuningPoint(
                 overrides=list(point),
-                score=float(np.mean([float(r[metric]) for r in runs])),
+                score=float(np.mean([float(r.get(metric, -np.inf)) for r in runs])),
                 loss=float(np.mean([float(r.get("val/loss", np.nan)) for r in runs])),
                 densities=densities,
-                eligible=True if rho is None else density_eligible(densities, rho),
+                eligible=not diverged and (rho is None or density_eligible(densities, rho)),
+                diverged=diverged,
             )
         )
     best = select_grid_point([p.score for p in table], [p.loss for p in table], [p.eligible for p in table])
     if best is None:
+        rule = "" if rho is None else f" and reaches an expected density within 10% of rho = {rho:g}"
         raise NoEligibleSettingError(
-            f"no grid point reaches an expected density within 10% of rho = {rho:g} on every tuning seed "
+            f"no grid point trains without diverging{rule} on every tuning seed "
             "(ineligible: " + "; ".join(describe_point(p) for p in table) + "); widen the grid."
         )
     return table[best].overrides, table
@@ -224,6 +281,8 @@ def tune(
 def describe_point(point: TuningPoint, skip: int = 1) -> str:
     """One tuning-table entry: the overrides and score, with each run's D and "ineligible" where that applies."""
     text = f"`{' '.join(point.overrides[skip:])}` {point.score:.3f}"
+    if point.diverged:
+        return text + f" (diverged in {point.diverged} tuning run(s); ineligible)"
     if any(np.isfinite(point.densities)):
         flag = "" if point.eligible else "; ineligible"
         text += " (D " + ", ".join(f"{d:.4f}" for d in point.densities) + flag + ")"

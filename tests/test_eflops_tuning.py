@@ -1,4 +1,5 @@
-"""The E-FLoPS tuning protocol's density rule (benchmarks/eflops_common.py): exact, pure selection."""
+"""The E-FLoPS tuning protocol (benchmarks/eflops_common.py): the density rule, diverged runs, and
+override merging; exact, pure selection (federated runs are faked where the protocol calls them)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from eflops_common import density_eligible, select_grid_point
+import eflops_common
+from eflops_common import (
+    NoEligibleSettingError,
+    density_eligible,
+    describe_point,
+    merge_overrides,
+    select_grid_point,
+    tune,
+)
 
 
 @pytest.mark.parametrize(
@@ -48,3 +57,40 @@ def test_selection_ties_go_to_lower_loss_then_earlier_point_among_eligible_ones(
 
 def test_selection_returns_none_when_no_point_is_eligible() -> None:
     assert select_grid_point([0.5, 0.4], [0.1, 0.2], [False, False]) is None
+
+
+def test_merge_overrides_keeps_the_last_value_of_each_key_in_first_seen_order() -> None:
+    merged = merge_overrides(["method=eflops", "method.temperature=0.001", "seed=0"], ["method.temperature=0"])
+    assert merged == ["method=eflops", "seed=0", "method.temperature=0"]
+
+
+def fake_runs(monkeypatch: pytest.MonkeyPatch, outcomes: dict[str, dict]) -> None:
+    """``federated_run`` answers from ``outcomes``, keyed by the learning-rate override of the point."""
+
+    def run(overrides: list[str]) -> dict:
+        lr = next(o for o in overrides if o.startswith("lr="))
+        seed = next(o for o in overrides if o.startswith("seed="))
+        return outcomes[lr][seed]
+
+    monkeypatch.setattr(eflops_common, "federated_run", run)
+
+
+def test_a_point_with_one_diverged_tuning_run_is_ineligible_however_it_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_runs(
+        monkeypatch,
+        {
+            "lr=0.1": {"seed=100": {"diverged": True}, "seed=101": {"val/r2": 0.9, "val/loss": 0.1}},
+            "lr=0.01": {"seed=100": {"val/r2": 0.3, "val/loss": 1.0}, "seed=101": {"val/r2": 0.5, "val/loss": 1.0}},
+        },
+    )
+    best, table = tune([["lr=0.1"], ["lr=0.01"]], ["method=fediht"], [100, 101], "val/r2")
+    assert best == ["lr=0.01"]
+    assert [(p.eligible, p.diverged) for p in table] == [(False, 1), (True, 0)]
+    assert table[1].score == pytest.approx(0.4)
+    assert "diverged in 1 tuning run(s); ineligible" in describe_point(table[0], skip=0)
+
+
+def test_tuning_stops_in_one_sentence_when_every_point_diverged(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_runs(monkeypatch, {"lr=0.1": {"seed=100": {"diverged": True}}})
+    with pytest.raises(NoEligibleSettingError, match="no grid point trains without diverging on every tuning seed"):
+        tune([["lr=0.1"]], ["method=fedavg_prune"], [100], "val/r2")
