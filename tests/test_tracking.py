@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from fedlightning.run import run
-from fedlightning.tracking import _chunks, bits_to_target, flat_config, read_offline_run, run_labels
+from fedlightning.tracking import OfflineRun, _chunks, bits_to_target, flat_config, read_offline_run, run_labels
 
 CHOICES = {
     "method": "fedavg",
@@ -23,6 +24,26 @@ CHOICES = {
     "data": "digits",
     "model": "digits_mlp",
 }
+
+
+def read_written_offline_run(folder: Path, timeout_s: float = 60.0) -> OfflineRun:
+    """The offline run once W&B's writer process has flushed its config and results artifact.
+
+    ``wandb.finish`` can return before that separate process has written its last records (seen
+    under two test workers on two cores), so the file is re-read until both are there or the time
+    is up; the caller's assertions then say what is missing.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            recorded = read_offline_run(folder)
+        except Exception:  # a record cut mid-write does not parse yet
+            recorded = None
+        done = recorded is not None and "method" in recorded.config
+        done = done and any(a["type"] == "run-results" for a in recorded.artifacts)
+        if done or time.monotonic() > deadline:
+            return recorded if recorded is not None else read_offline_run(folder)
+        time.sleep(0.25)
 
 
 def test_wandb_offline_run_carries_config_group_tags_name_and_bit_axes(
@@ -37,7 +58,7 @@ def test_wandb_offline_run_carries_config_group_tags_name_and_bit_axes(
     sweep = tmp_path / "multirun" / "2026-12-01" / "10-00-00"
     summary = run(cfg, sweep / "0", choices=CHOICES, overrides=overrides, sweep_dir=sweep)
     (folder,) = (sweep / "0" / "wandb").glob("offline-run-*")
-    recorded = read_offline_run(folder)
+    recorded = read_written_offline_run(folder)
 
     config = recorded.config
     assert (config["method"], config["compressor"], config["partition"], config["seed"]) == (
