@@ -117,19 +117,9 @@ def cell_row(
 
 
 def diverged_row(cell: dict[str, float], method: str) -> dict[str, float | str]:
-    """The row of a run the divergence guard stopped: no scores (NaN), flagged."""
-    nan = float("nan")
-    return dict(
-        cell,
-        method=method,
-        r2=nan,
-        precision=nan,
-        recall=nan,
-        density=nan,
-        expected_density=nan,
-        bits=nan,
-        diverged=True,
-    )
+    """The row of a run the divergence guard stopped: every score NaN, flagged."""
+    scores = ("r2", "precision", "recall", "density", "expected_density", "bits")
+    return {**cell, "method": method, **dict.fromkeys(scores, float("nan")), "diverged": True}
 
 
 def main() -> None:
