@@ -39,9 +39,9 @@ def read_written_offline_run(folder: Path, timeout_s: float = 60.0) -> OfflineRu
             recorded = read_offline_run(folder)
         except Exception:  # a record cut mid-write does not parse yet
             recorded = None
-        if recorded is not None and "method" in recorded.config:
-            if any(a["type"] == "run-results" for a in recorded.artifacts):
-                return recorded
+        results = recorded is not None and any(a["type"] == "run-results" for a in recorded.artifacts)
+        if recorded is not None and results and "method" in recorded.config:
+            return recorded
         if time.monotonic() > deadline:
             return recorded if recorded is not None else read_offline_run(folder)
         time.sleep(0.25)
