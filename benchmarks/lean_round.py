@@ -4,22 +4,34 @@ S2: MNIST ``mnistfc``, 1,000 IID clients × 60 samples (``val_fraction=0``), 100
 round drawn uniformly, 1 local epoch, batch 10, plain SGD lr 0.05, one torch thread, the
 test set evaluated after every round. Both sides train the same clients on the same batch
 schedules; the plain loop adds the cohort's weighted mean and one test-set pass in batches of
-1,024. The engine's per-client overhead is (engine round − plain round) / 100.
+1,024. The engine's per-client overhead is (engine round − plain round) / 100. Arms:
+``peer`` (the suite's plain peer, ``benchmarks/perf/systems/plain_loop.py``, on these
+batches: no flat upload, float32 sums in place); ``plain``; ``engine`` (``FedAvg`` under a
+bare ``Trainer``: no logger, checkpoints or accountant); ``cli`` (the config the
+``fedlightning`` command composes for S2, run through :func:`fedlightning.run.run` with its
+loggers and callbacks). ``cli:A;B`` is the ``cli`` arm with the overrides A and B added, to
+find which part of the command costs what.
 
     python benchmarks/lean_round.py --data-root ../shared/data --rounds 6 --repeats 3
+    python benchmarks/lean_round.py --data-root ../shared/data --rounds 4 --repeats 4 --arms peer,plain,engine,cli
+    python benchmarks/lean_round.py --data-root ../shared/data --arms "engine,cli,cli:logger=none"
     python benchmarks/lean_round.py --data-root ../shared/data --rounds 4 --profile s2.prof
 
-Runs alternate plain, engine, plain, engine, ... so machine load hits both alike; the first
-round of each engine run (start-up, first-touch allocations) is not counted.
+The arms run in turn, repetition after repetition, so machine load hits them alike; the first
+round of each run (start-up, first-touch allocations) is not counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import itertools
 import statistics
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -59,11 +71,45 @@ def plain_round(model: torch.nn.Module, client: torch.nn.Module, dm: MNISTDataMo
         total.add_(flat_parameters(client) - w, alpha=len(y))
         n += len(y)
     assign_flat_(model, w + (total / n).float())
+    assert dm._test is not None
     x_test, y_test = dm._test  # the plain loop's test pass over the same tensors
     correct = 0
     with torch.no_grad():
         for start in range(0, len(y_test), 1024):
             correct += int((model(x_test[start : start + 1024]).argmax(1) == y_test[start : start + 1024]).sum())
+
+
+def peer_round(model: torch.nn.Module, dm: MNISTDataModule, round_idx: int, buffers: list[torch.Tensor]) -> None:
+    """One S2 round as the suite's plain peer does it (``benchmarks/perf/systems/plain_loop.py``):
+    weights copied in tensor by tensor, trained weights summed in place into float32 buffers (no
+    flat upload, no float64 sum), the test set in one forward pass; same clients and batches."""
+    params = list(model.parameters())
+    global_w = [p.detach().clone() for p in params]
+    for buf in buffers:
+        buf.zero_()
+    n = 0
+    cohort = torch.randperm(CLIENTS, generator=torch.Generator().manual_seed(round_idx))[:COHORT].tolist()
+    for cid in cohort:
+        with torch.no_grad():
+            for p, g in zip(params, global_w, strict=True):
+                p.copy_(g)
+        opt = torch.optim.SGD(params, lr=LR)
+        x, y = dm.client_tensors(cid)
+        gen = torch_generator(seed=0, round_idx=round_idx, client_id=cid, purpose="batches")
+        for idx in local_batches(num_samples=len(y), batch_size=BATCH, epochs=1, steps=None, generator=gen):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        with torch.no_grad():
+            for buf, p in zip(buffers, params, strict=True):
+                buf.add_(p, alpha=len(y))
+        n += len(y)
+    with torch.no_grad():
+        for p, buf in zip(params, buffers, strict=True):
+            p.copy_(buf / n)
+        assert dm._test is not None
+        x_test, y_test = dm._test
+        float((model(x_test).argmax(1) == y_test).float().mean())
 
 
 def plain_times(dm: MNISTDataModule, rounds: int) -> list[tuple[float, float]]:
@@ -78,11 +124,26 @@ def plain_times(dm: MNISTDataModule, rounds: int) -> list[tuple[float, float]]:
     return times[1:]
 
 
+def peer_times(dm: MNISTDataModule, rounds: int) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of each round after the first, the suite's plain peer's way."""
+    model = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+    buffers = [torch.zeros_like(p) for p in model.parameters()]
+    times = []
+    for r in range(rounds + 1):
+        start, cpu = time.perf_counter(), time.process_time()
+        peer_round(model, dm, r, buffers)
+        times.append((time.perf_counter() - start, time.process_time() - cpu))
+    return times[1:]
+
+
 class _Timer(L.Callback):
     """Wall time from one round's start to the next round's start (so evaluation is included)."""
 
+    latest: _Timer | None = None  # the one a composed config built (the ``cli`` arm)
+
     def __init__(self) -> None:
         self.starts: list[tuple[float, float]] = []
+        _Timer.latest = self
 
     def on_train_batch_start(self, *args: object) -> None:
         self.starts.append((time.perf_counter(), time.process_time()))
@@ -122,28 +183,70 @@ def engine_times(dm: MNISTDataModule, rounds: int, profile: str | None = None) -
     return timer.round_times()[1:]
 
 
+def cli_times(root: str, rounds: int, extra: list[str]) -> list[tuple[float, float]]:
+    """Round times of S2 as the ``fedlightning`` command composes and runs it."""
+    from hydra import compose, initialize_config_dir
+    from perf.workloads import _mnist  # type: ignore[import-not-found]  # benchmarks/ is sys.path[0]
+
+    from fedlightning.run import run
+
+    overrides = [
+        *_mnist(CLIENTS, 60, COHORT, BATCH),
+        f"data.root={root}",
+        f"rounds={rounds + 1}",
+        "eval_every=1",
+        "threads=1",
+        "trainer.enable_progress_bar=false",
+        f"+callbacks.timer._target_={__name__}._Timer",
+        *extra,
+    ]
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    with tempfile.TemporaryDirectory() as folder:
+        run(cfg, folder)
+    assert _Timer.latest is not None
+    return _Timer.latest.round_times()[1:]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", default=None, help="write a cProfile of one engine run here and stop")
+    parser.add_argument("--arms", default="plain,engine", help="comma-separated: peer, plain, engine, cli, cli:A;B")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dm = datamodule(args.data_root)
     if args.profile:
-        times = engine_times(dm, args.rounds, args.profile)
-        print(f"engine median round {statistics.median(t[0] for t in times):.4f} s; profile in {args.profile}")
+        profiled = engine_times(dm, args.rounds, args.profile)
+        print(f"engine median round {statistics.median(t[0] for t in profiled):.4f} s; profile in {args.profile}")
         return
-    plain: list[tuple[float, float]] = []
-    ours: list[tuple[float, float]] = []
-    for _ in range(args.repeats):
-        plain += plain_times(dm, args.rounds)
-        ours += engine_times(dm, args.rounds)
+    chosen = args.arms.split(",")
+    arms: dict[str, Callable[[], list[tuple[float, float]]]] = {
+        "plain": functools.partial(plain_times, dm, args.rounds),
+        "peer": functools.partial(peer_times, dm, args.rounds),
+        "engine": functools.partial(engine_times, dm, args.rounds),
+    }
+    for arm in chosen:
+        if arm == "cli" or arm.startswith("cli:"):
+            extra = [o for o in arm.removeprefix("cli").removeprefix(":").split(";") if o]
+            arms[arm] = functools.partial(cli_times, args.data_root, args.rounds, extra)
+    if unknown := set(chosen) - set(arms):
+        parser.error(f"unknown arm(s) {sorted(unknown)}; choose from peer, plain, engine, cli, cli:A;B")
+    times: dict[str, list[tuple[float, float]]] = {arm: [] for arm in chosen}
+    for _ in range(args.repeats):  # interleaved, so machine load hits every arm alike
+        for arm in chosen:
+            times[arm] += arms[arm]()
+    base = chosen[0]
     for k, what in ((0, "wall"), (1, "CPU")):  # CPU seconds of this process: less sensitive to other load
-        p, e = statistics.median(t[k] for t in plain), statistics.median(t[k] for t in ours)
-        print(f"{what}: plain loop round median {p:.4f} s, engine round median {e:.4f} s over {len(ours)} rounds")
-        print(f"{what}: ratio engine / plain {e / p:.3f}, per-client overhead {(e - p) / COHORT * 1e3:.3f} ms")
+        b = statistics.median(t[k] for t in times[base])
+        for arm in chosen:
+            m = statistics.median(t[k] for t in times[arm])
+            print(
+                f"{what}: {arm} round median {m:.4f} s over {len(times[arm])} rounds; ratio to {base} {m / b:.3f}, "
+                f"per-client difference {(m - b) / COHORT * 1e3:+.3f} ms"
+            )
 
 
 if __name__ == "__main__":
