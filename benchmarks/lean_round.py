@@ -53,23 +53,33 @@ def datamodule(root: str) -> MNISTDataModule:
     return dm
 
 
+def cohort_of(round_idx: int) -> list[int]:
+    """The round's 100 clients (the same for every arm)."""
+    return torch.randperm(CLIENTS, generator=torch.Generator().manual_seed(round_idx))[:COHORT].tolist()
+
+
+def local_epoch(client: torch.nn.Module, dm: MNISTDataModule, cid: int, round_idx: int) -> int:
+    """One epoch of plain SGD on client ``cid``'s batches (the engine's schedule); its sample count."""
+    opt = torch.optim.SGD(client.parameters(), lr=LR)
+    x, y = dm.client_tensors(cid)
+    gen = torch_generator(seed=0, round_idx=round_idx, client_id=cid, purpose="batches")
+    for idx in local_batches(num_samples=len(y), batch_size=BATCH, epochs=1, steps=None, generator=gen):
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(client(x[idx]), y[idx]).backward()
+        opt.step()
+    return len(y)
+
+
 def plain_round(model: torch.nn.Module, client: torch.nn.Module, dm: MNISTDataModule, round_idx: int) -> None:
     """One S2 round written directly in PyTorch: 100 clients, weighted mean, test pass."""
     w = flat_parameters(model)
     total = torch.zeros_like(w, dtype=torch.float64)
     n = 0
-    cohort = torch.randperm(CLIENTS, generator=torch.Generator().manual_seed(round_idx))[:COHORT].tolist()
-    for cid in cohort:
+    for cid in cohort_of(round_idx):
         assign_flat_(client, w)
-        opt = torch.optim.SGD(client.parameters(), lr=LR)
-        x, y = dm.client_tensors(cid)
-        gen = torch_generator(seed=0, round_idx=round_idx, client_id=cid, purpose="batches")
-        for idx in local_batches(num_samples=len(y), batch_size=BATCH, epochs=1, steps=None, generator=gen):
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(client(x[idx]), y[idx]).backward()
-            opt.step()
-        total.add_(flat_parameters(client) - w, alpha=len(y))
-        n += len(y)
+        size = local_epoch(client, dm, cid, round_idx)
+        total.add_(flat_parameters(client) - w, alpha=size)
+        n += size
     assign_flat_(model, w + (total / n).float())
     assert dm._test is not None
     x_test, y_test = dm._test  # the plain loop's test pass over the same tensors
@@ -88,22 +98,15 @@ def peer_round(model: torch.nn.Module, dm: MNISTDataModule, round_idx: int, buff
     for buf in buffers:
         buf.zero_()
     n = 0
-    cohort = torch.randperm(CLIENTS, generator=torch.Generator().manual_seed(round_idx))[:COHORT].tolist()
-    for cid in cohort:
+    for cid in cohort_of(round_idx):
         with torch.no_grad():
             for p, g in zip(params, global_w, strict=True):
                 p.copy_(g)
-        opt = torch.optim.SGD(params, lr=LR)
-        x, y = dm.client_tensors(cid)
-        gen = torch_generator(seed=0, round_idx=round_idx, client_id=cid, purpose="batches")
-        for idx in local_batches(num_samples=len(y), batch_size=BATCH, epochs=1, steps=None, generator=gen):
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
+        size = local_epoch(model, dm, cid, round_idx)
         with torch.no_grad():
             for buf, p in zip(buffers, params, strict=True):
-                buf.add_(p, alpha=len(y))
-        n += len(y)
+                buf.add_(p, alpha=size)
+        n += size
     with torch.no_grad():
         for p, buf in zip(params, buffers, strict=True):
             p.copy_(buf / n)
@@ -112,28 +115,31 @@ def peer_round(model: torch.nn.Module, dm: MNISTDataModule, round_idx: int, buff
         float((model(x_test).argmax(1) == y_test).float().mean())
 
 
-def plain_times(dm: MNISTDataModule, rounds: int) -> list[tuple[float, float]]:
-    """(wall, CPU) seconds of each round after the first."""
-    model = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
-    client = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+def timed_rounds(rounds: int, one_round: Callable[[int], None]) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of ``one_round(r)`` for r = 0..rounds, the first round dropped."""
     times = []
     for r in range(rounds + 1):
         start, cpu = time.perf_counter(), time.process_time()
-        plain_round(model, client, dm, r)
+        one_round(r)
         times.append((time.perf_counter() - start, time.process_time() - cpu))
     return times[1:]
+
+
+def mlp() -> torch.nn.Module:
+    return build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+
+
+def plain_times(dm: MNISTDataModule, rounds: int) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of each round after the first."""
+    model, client = mlp(), mlp()
+    return timed_rounds(rounds, lambda r: plain_round(model, client, dm, r))
 
 
 def peer_times(dm: MNISTDataModule, rounds: int) -> list[tuple[float, float]]:
     """(wall, CPU) seconds of each round after the first, the suite's plain peer's way."""
-    model = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+    model = mlp()
     buffers = [torch.zeros_like(p) for p in model.parameters()]
-    times = []
-    for r in range(rounds + 1):
-        start, cpu = time.perf_counter(), time.process_time()
-        peer_round(model, dm, r, buffers)
-        times.append((time.perf_counter() - start, time.process_time() - cpu))
-    return times[1:]
+    return timed_rounds(rounds, lambda r: peer_round(model, dm, r, buffers))
 
 
 class _Timer(L.Callback):
@@ -157,7 +163,7 @@ class _Timer(L.Callback):
 
 def engine_times(dm: MNISTDataModule, rounds: int, profile: str | None = None) -> list[tuple[float, float]]:
     module = FedAvg(
-        model=build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10),
+        model=mlp(),
         datamodule=dm,
         batch_size=BATCH,
         client_optimizer=lambda p: torch.optim.SGD(p, lr=LR),
