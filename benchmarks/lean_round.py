@@ -2,9 +2,11 @@
 
 S2: MNIST ``mnistfc``, 1,000 IID clients × 60 samples (``val_fraction=0``), 100 clients per
 round drawn uniformly, 1 local epoch, batch 10, plain SGD lr 0.05, one torch thread, the
-test set evaluated after every round. Both sides train the same clients on the same batch
-schedules; the plain loop adds the cohort's weighted mean and one test-set pass in batches of
-1,024. The engine's per-client overhead is (engine round − plain round) / 100. Arms:
+test set evaluated after every round. Every arm trains 100 clients of 60 samples a round on
+the engine's batch schedules (the plain arms draw their cohort with their own seed; all
+clients have the same size, so the work is the same); the plain loop adds the cohort's
+weighted mean and one test-set pass in batches of 1,024. The engine's per-client overhead is
+(engine round − plain round) / 100. Arms:
 ``peer`` (the suite's plain peer, ``benchmarks/perf/systems/plain_loop.py``, on these
 batches: no flat upload, float32 sums in place); ``plain``; ``engine`` (``FedAvg`` under a
 bare ``Trainer``: no logger, checkpoints or accountant); ``cli`` (the config the
@@ -92,7 +94,7 @@ def plain_round(model: torch.nn.Module, client: torch.nn.Module, dm: MNISTDataMo
 def peer_round(model: torch.nn.Module, dm: MNISTDataModule, round_idx: int, buffers: list[torch.Tensor]) -> None:
     """One S2 round as the suite's plain peer does it (``benchmarks/perf/systems/plain_loop.py``):
     weights copied in tensor by tensor, trained weights summed in place into float32 buffers (no
-    flat upload, no float64 sum), the test set in one forward pass; same clients and batches."""
+    flat upload, no float64 sum), the test set in one forward pass; the plain arm's clients and batches."""
     params = list(model.parameters())
     global_w = [p.detach().clone() for p in params]
     for buf in buffers:
