@@ -27,6 +27,7 @@ from fedlightning.datamodules import (
     ShardPartition,
     default_data_root,
 )
+from fedlightning.datamodules.digits import load_digits_arrays
 from fedlightning.datamodules.partition import dirichlet_partition
 from fedlightning.models import build_model
 
@@ -40,7 +41,7 @@ def test_digits_sizes_and_tensors() -> None:
     n_val = len(dm.val_dataloader().dataset)
     n_test = len(dm.test_dataloader().dataset)
     assert dm.num_train_samples + n_val + n_test == 1797
-    assert n_test == 360
+    assert n_test == 359  # Σ_c round(0.2 n_c) over the class sizes 178, 182, 177, 183, 181, 182, 181, 179, 174, 180
     assert sum(dm.client_sizes) == dm.num_train_samples and min(dm.client_sizes) > 0
     x, y = dm.client_tensors(3)
     assert x.shape == (dm.client_sizes[3], 1, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.int64
@@ -48,6 +49,29 @@ def test_digits_sizes_and_tensors() -> None:
     assert dm.client_tensors(3)[0] is x  # cached
     assert dm.label_histogram().shape == (7, 10) and dm.label_histogram().sum() == dm.num_train_samples
     np.testing.assert_array_equal(dm.label_histogram()[3], np.bincount(y.numpy(), minlength=10))
+
+
+def test_embedded_digits_are_scikit_learns_digits_in_its_order() -> None:
+    images, target = load_digits_arrays()
+    digits = load_digits()
+    assert images.dtype == target.dtype == np.uint8
+    np.testing.assert_array_equal(images, digits.images)
+    np.testing.assert_array_equal(target, digits.target)
+
+
+def test_digits_test_split_holds_out_a_fifth_of_every_class_and_follows_the_seed() -> None:
+    _, target = load_digits_arrays()
+    per_class = np.bincount(target)
+    quota = np.round(0.2 * per_class).astype(int)  # 36, 36, 35, 37, 36, 36, 36, 36, 35, 36
+    tests = []
+    for seed in (0, 1):
+        dm = DigitsDataModule(num_clients=3, seed=seed, val_fraction=0.0)
+        (_, y_train), (_, y_test) = dm._load()
+        np.testing.assert_array_equal(np.bincount(y_test.numpy(), minlength=10), quota)
+        np.testing.assert_array_equal(np.bincount(y_train.numpy(), minlength=10), per_class - quota)
+        _, train_rows = dm._dataset_rows
+        tests.append(np.setdiff1d(np.arange(1797), train_rows))
+    assert len(tests[0]) == 359 and not np.array_equal(tests[0], tests[1])
 
 
 def test_setup_is_idempotent_and_seeded() -> None:
@@ -199,14 +223,14 @@ def test_config_validation_messages() -> None:
         DigitsDataModule(num_clients=0)
     with pytest.raises(ValueError, match=r"data.val_fraction must be in \[0, 1\)"):
         DigitsDataModule(val_fraction=1.0)
-    with pytest.raises(ValueError, match=r"data\.num_clients=5000 exceeds the 1293 training samples"):
+    with pytest.raises(ValueError, match=r"data\.num_clients=5000 exceeds the 1294 training samples"):
         DigitsDataModule(num_clients=5000, val_fraction=0.1).setup()
 
 
 def test_val_fraction_zero_uses_test_set() -> None:
     dm = DigitsDataModule(num_clients=3, val_fraction=0.0)
-    assert dm.num_train_samples == 1797 - 360
-    assert len(dm.val_dataloader().dataset) == 360
+    assert dm.num_train_samples == 1797 - 359
+    assert len(dm.val_dataloader().dataset) == 359
 
 
 def test_debug_log_has_per_client_table(caplog: pytest.LogCaptureFixture) -> None:
