@@ -94,7 +94,12 @@ def main() -> None:
     p.add_argument("--root", default=DEFAULT_ROOT, help="folder holding MNIST/raw and golub/")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "fedlightning-bench")
     p.add_argument("--workloads", default="S0,S1,S2,S3,S5,S7", help="comma-separated ids (S7 = all sizes)")
-    p.add_argument("--systems", default="", help="comma-separated substrings of system names to keep")
+    p.add_argument(
+        "--systems",
+        default="",
+        help="substrings of the system names to keep, separated by ';' (or by ',' when the value has no ';'; "
+        "names such as 'fedlightning, 1 process' contain a comma, so select them with ';')",
+    )
     p.add_argument("--max-foreign-load", type=float, default=0.3, help="cores; quieter runs count as quiet")
     p.add_argument("--quiet-timeout", type=float, default=None, help="seconds to wait for quiet before a run")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds before a run is killed")
@@ -111,7 +116,10 @@ def main() -> None:
     a.cache.mkdir(parents=True, exist_ok=True)
     wanted = {x.strip() for x in a.workloads.split(",") if x.strip()}
     chosen = [w for w in workloads(a.quick) if w.id in wanted or w.id.split("-")[0] in wanted]
-    systems = [s for s in peers.SYSTEMS if not a.systems or any(k in s.name for k in a.systems.split(","))]
+    systems = peers.select_systems(peers.SYSTEMS, a.systems)
+    if not systems:
+        p.error(f"--systems {a.systems!r} matches none of: " + "; ".join(s.name for s in peers.SYSTEMS))
+    print("[bench] systems: " + "; ".join(s.name for s in systems), flush=True)
 
     pythons: dict[str, Path | None] = {}
     skipped: dict[str, str] = {}

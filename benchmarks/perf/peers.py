@@ -46,6 +46,22 @@ SYSTEMS = (
 )
 
 
+def select_systems(systems: tuple[System, ...], wanted: str) -> list[System]:
+    """The systems whose name contains one of the ``;``-separated substrings in ``wanted`` (all if empty).
+
+    Without a ``;`` the value is split on commas, as the suite's earlier commands were written;
+    a name such as ``"fedlightning, 1 process"`` contains a comma, so it is selected with ``;``:
+
+    >>> [s.name for s in select_systems(SYSTEMS, "fedlightning, 1 process;")]
+    ['fedlightning, 1 process']
+    >>> [s.name for s in select_systems(SYSTEMS, "plain,pfl")][:2]
+    ['plain PyTorch loop, 1 process', 'pfl-research 0.6, 1 process']
+    """
+    separator = ";" if ";" in wanted else ","
+    keys = [k.strip() for k in wanted.split(separator) if k.strip()]
+    return [s for s in systems if not keys or any(k in s.name for k in keys)]
+
+
 def ensure_venv(cache: Path, key: str, log: Path) -> tuple[Path | None, str]:
     """The venv's python, installing it on first use; ``(None, why)`` when it cannot be installed."""
     venv = cache / key
