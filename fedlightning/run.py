@@ -240,6 +240,7 @@ def _run(
     loggers = _loggers(cfg, output_dir, labels)
     metrics_files = [lg.metrics_file for lg in loggers if isinstance(lg, CSVLogger)]
     resume, source = _resume_point(cfg, output_dir, config, module, rounds, metrics_files)
+    _check_resumed_split(output_dir, resume, datamodule)
     if manage:
         write_record(output_dir, config)
         # The resolved config, also for runs outside Hydra (whose .hydra/config.yaml is unresolved).
@@ -382,6 +383,26 @@ def _resume_point(
     folder = path.resolve().parent.parent
     other = path.resolve().parent.name == CHECKPOINTS and (folder / RUN_FILE).is_file()
     return resume, folder if other and folder != output_dir.resolve() else None
+
+
+def _check_resumed_split(output_dir: Path, resume: Resume, datamodule: Any) -> None:
+    """A run resumed from its own checkpoint keeps the clients and hold-out its ``partition.json`` records.
+
+    The config on record already matches; this catches a data module or partitioner whose draw
+    changed since the run started, which would train the remaining rounds on other samples.
+    """
+    recorded = output_dir / "partition.json"
+    own = resume.ckpt_path is not None and resume.ckpt_path.resolve().parent == (output_dir / CHECKPOINTS).resolve()
+    if not own or not recorded.is_file():
+        return
+    saved, now = json.loads(recorded.read_text()), datamodule.partition_record()
+    changed = [key for key in ("num_dataset_samples", "validation", "clients") if saved.get(key) != now.get(key)]
+    if changed:
+        raise ConfigError(
+            f"{recorded} records other {' and '.join(changed)} than this version of the code draws for the "
+            f"same config (the data module or partitioner changed since round {resume.round}), so resuming would "
+            "train the remaining rounds on other samples; start the run again in a new folder (hydra.run.dir=...)."
+        )
 
 
 def _cut_back(output_dir: Path, resume: Resume, source: Path | None, loggers: list[Any]) -> None:

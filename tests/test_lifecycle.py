@@ -241,6 +241,24 @@ def test_another_config_in_a_run_folder_stops_with_one_sentence(finished: Path) 
     assert "\n" not in text
 
 
+def test_a_resumed_run_whose_code_draws_other_clients_than_its_partition_file_stops(
+    finished: Path, tmp_path: Path
+) -> None:
+    stopped = tmp_path / "stopped"
+    shutil.copytree(finished, stopped)
+    (stopped / "summary.json").unlink()
+    for name in ("round-0002.ckpt", "last.ckpt"):
+        (stopped / "checkpoints" / name).unlink(missing_ok=True)
+    record = json.loads((stopped / "partition.json").read_text())
+    record["clients"][1].append(record["clients"][0].pop())  # as if the partitioner had changed
+    (stopped / "partition.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError) as info:
+        run(compose_config(["rounds=2", "checkpoint_every=1", "logger=csv", "data.num_clients=3"]), stopped)
+    text = str(info.value)
+    assert f"{stopped / 'partition.json'} records other clients than" in text and "since round 1" in text
+    assert "\n" not in text and not (stopped / "summary.json").exists()
+
+
 def test_a_record_older_than_early_stopping_matches_only_while_early_stopping_is_off(
     finished: Path, tmp_path: Path
 ) -> None:

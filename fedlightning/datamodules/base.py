@@ -487,28 +487,35 @@ class FederatedDataModule(L.LightningDataModule):
         before any ``max_train_samples`` subset and the validation hold-out (format version 2,
         described in docs/datamodules.md). Reload with ``partition_file=path``.
         """
-        self._ensure_setup()
         path = Path(path)
-        meta = self._partition_meta()
-        parts = self._parts
-        # Data-set indices of each client, sorted within the client (one vectorised sort).
-        owner = np.repeat(np.arange(len(parts)), parts.sizes)
-        mapped = self.train_dataset_index[parts.indices]
-        mapped = mapped[np.lexsort((mapped, owner))]
         if path.suffix == ".json":
-            validation = np.sort(self.val_dataset_index).tolist()
-            flat, offsets = mapped.tolist(), parts.offsets.tolist()
-            clients = [flat[offsets[k] : offsets[k + 1]] for k in range(len(parts))]
-            body = {**meta, "validation": validation, "clients": clients}
-            path.write_text(json.dumps(body))
+            path.write_text(json.dumps(self.partition_record()))
         else:
+            mapped = self._client_dataset_indices()  # (sets the data module up first)
+            meta = self._partition_meta()
             np.savez_compressed(
                 path,
                 indices=mapped,
-                offsets=parts.offsets,
+                offsets=self._parts.offsets,
                 validation=np.sort(self.val_dataset_index),
                 meta=np.array(json.dumps(meta)),
             )
+
+    def partition_record(self) -> dict[str, Any]:
+        """What :meth:`save_partition` writes as JSON: the settings, ``validation`` and ``clients``."""
+        mapped = self._client_dataset_indices()  # (sets the data module up first)
+        flat, offsets = mapped.tolist(), self._parts.offsets.tolist()
+        clients = [flat[offsets[k] : offsets[k + 1]] for k in range(len(self._parts))]
+        validation = np.sort(self.val_dataset_index).tolist()
+        return {**self._partition_meta(), "validation": validation, "clients": clients}
+
+    def _client_dataset_indices(self) -> np.ndarray:
+        """Data-set indices of every client's samples, client after client, sorted within each."""
+        self._ensure_setup()
+        parts = self._parts
+        owner = np.repeat(np.arange(len(parts)), parts.sizes)
+        mapped = self.train_dataset_index[parts.indices]
+        return mapped[np.lexsort((mapped, owner))]  # one vectorised sort
 
     def plot_label_distribution(self, path: str | os.PathLike[str]) -> Path | None:
         """Save the per-client label histogram (:func:`~.partition.plot_label_distribution`).
