@@ -45,7 +45,7 @@ class DigitsDataModule(FederatedDataModule):
 
     def _load(self) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
         images, target = load_digits_arrays()
-        x = (images / np.float32(16.0)).astype(np.float32).reshape(-1, *self.input_shape)
+        x = (images.astype(np.float32) / 16).reshape(-1, *self.input_shape)
         y = target.astype(np.int64)
         perm = np.random.default_rng([self.seed, 3]).permutation(len(y))
         idx_te, idx_tr = (np.sort(part) for part in grouped_holdout(y, self.test_fraction, perm))
