@@ -8,7 +8,8 @@ A run folder records its config in ``run.json`` (the resolved config without the
 * with the same config, and no summary: the run resumes from the latest readable checkpoint in
   ``checkpoints/`` (an unreadable one is reported and the previous one used), or starts again
   from round 0 when there is none; the CSVs are cut back to the rounds the checkpoint holds,
-  so the resumed run appends each later round once;
+  so the resumed run appends each later round once (``fedlightning.run`` first checks that the
+  code still draws the clients and hold-out of the folder's ``partition.json``);
 * with another config: the run stops with one sentence naming the folder and the keys that
   differ.
 

@@ -6,6 +6,8 @@ import functools
 import json
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +59,16 @@ def test_embedded_digits_are_scikit_learns_digits_in_its_order() -> None:
     assert images.dtype == target.dtype == np.uint8
     np.testing.assert_array_equal(images, digits.images)
     np.testing.assert_array_equal(target, digits.target)
+
+
+def test_digits_load_without_importing_scikit_learn_or_scipy_in_the_commands_lean_process() -> None:
+    code = (  # the fedlightning command installs the lean-import hook before Lightning is imported
+        "import sys; from fedlightning import lean_imports; lean_imports.install(); "
+        "from fedlightning.datamodules import DigitsDataModule; DigitsDataModule().setup(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'scipy'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_digits_test_split_holds_out_a_fifth_of_every_class_and_follows_the_seed() -> None:
