@@ -22,6 +22,7 @@ from fedlightning.federated.hooks import FederatedCallback
 from fedlightning.federated.message import Message
 from fedlightning.federated.payloads import Payload
 from fedlightning.methods.zampling import (
+    EPOCHS_METRIC,
     OPTIMIZER_KEY,
     RANGE_METRIC,
     ClippedScore,
@@ -30,6 +31,7 @@ from fedlightning.methods.zampling import (
     SigmoidScore,
     Zampling,
     accuracy_deviation,
+    bernoulli_draw,
     frozen_fraction,
     hypercube_indicator,
     mean_of_bits,
@@ -463,6 +465,89 @@ def test_local_training_runs_through_the_engines_routine() -> None:
     assert float((free.p.detach() - start).norm()) > 10 * 3e-3
 
 
+class _ScriptedHoldout(Zampling):
+    """Client-side early stopping on a scripted held-out accuracy; keeps the score of every epoch."""
+
+    script = (0.5, 0.7, 0.70005, 0.6, 0.69, 0.99)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.scores: dict[int, list[Tensor]] = {}
+        self.epoch_metrics: list[float] = []
+
+    def local_holdout_accuracy(self, network: SampledNetwork, x: Tensor, y: Tensor, masks: torch.Generator) -> float:
+        seen = self.scores.setdefault(self.current_client, [])
+        seen.append(network.score.detach().clone())
+        return self.script[len(seen) - 1]
+
+    def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> Any:
+        self.current_client = client_id
+        return super().client_update(client_id=client_id, round_idx=round_idx, received=received)
+
+
+class _MetricRecorder(FederatedCallback):
+    def __init__(self) -> None:
+        self.metrics: list[dict[str, Any]] = []
+
+    def on_round_end(self, trainer: Any, module: Any, round_idx: int, metrics: dict[str, Any]) -> None:
+        self.metrics.append(dict(metrics))
+
+
+def test_local_early_stopping_uploads_a_mask_of_the_best_epochs_p() -> None:
+    # Patience 3, min_delta 1e-4: epoch 2 (0.7) is the best; 0.70005 is not a gain above
+    # 1e-4, so epochs 3-5 are stale and the round ends after epoch 5 of the 20 allowed.
+    dm = digits_federation(2)
+    options = {"local_steps": None, "local_epochs": 20, "local_patience": 3, "local_min_delta": 1e-4}
+    module = _zampling(dm, _ScriptedHoldout, **options)
+    recorder, metrics = _RoundRecorder(), _MetricRecorder()
+    _fit(module, 1, FullParticipation(), recorder, metrics)
+    assert isinstance(module, _ScriptedHoldout)
+    masks, _ = recorder.rounds[0]
+    for client_id in range(2):
+        scores = module.scores[client_id]
+        assert len(scores) == 5
+        assert not torch.equal(scores[1], scores[4])  # training moved p after the best epoch
+        best_p = module.score_estimator.probability(scores[1])
+        expected = bernoulli_draw(best_p, module.generator(0, client_id, "zampling_upload"))
+        assert torch.equal(masks[client_id], expected)
+    assert metrics.metrics[0][EPOCHS_METRIC] == 5.0
+
+
+def test_local_early_stopping_trains_only_on_the_kept_samples_and_stops_at_patience() -> None:
+    # Adam with lr 0 never moves p and the continuous model scores w = Q·p itself, so the
+    # held-out accuracy never improves after epoch 1: each client runs 1 + patience epochs
+    # over its kept samples, 10% of them held out.
+    dm = digits_federation(2)
+    frozen = {"client_optimizer": lambda params: torch.optim.Adam(params, lr=0.0), "sampling": False}
+    options = {"local_steps": None, "local_epochs": 50, "local_patience": 2, "batch_size": 32}
+    module = _zampling(dm, _Counting, **frozen, **options)
+    metrics = _MetricRecorder()
+    _fit(module, 1, FullParticipation(), metrics)
+    assert isinstance(module, _Counting)
+    assert metrics.metrics[0][EPOCHS_METRIC] == 3.0
+    steps = 0
+    for client_id in range(2):
+        size = dm.client_sizes[client_id]
+        kept, held = module.local_holdout(client_id, size)
+        assert len(held) == round(0.1 * size) and len(kept) + len(held) == size
+        assert not set(kept.tolist()) & set(held.tolist())
+        x, _ = module.client_data(client_id)
+        full, _ = dm.client_tensors(client_id)
+        assert torch.equal(x, full[kept])
+        steps += 3 * -(-len(kept) // 32)
+    assert module.losses == steps
+
+
+def test_local_early_stopping_refuses_local_steps_and_bad_values() -> None:
+    dm = digits_federation(2)
+    with pytest.raises(ConfigError, match="local_steps=null"):
+        _zampling(dm, local_patience=10)  # _zampling sets local_steps=3
+    for key, value in (("local_patience", 0), ("local_val_fraction", 1.0), ("local_val_samples", 0)):
+        options = {"local_steps": None, "local_patience": 2, key: value}
+        with pytest.raises(ConfigError, match=f"method.{key}"):
+            _zampling(dm, **options)
+
+
 def test_payloads_codecs_and_refusals() -> None:
     dm = digits_federation(2)
     module = _zampling(dm)
@@ -472,7 +557,7 @@ def test_payloads_codecs_and_refusals() -> None:
     assert module.uplink_channel.codec.name == BitPackCodec().name
     assert [type(cb) for cb in module.configure_callbacks()] == [ZamplingEvaluation]
     local = _zampling(dm, upload="probabilities")
-    assert local.uplink_channel.payload is Payload.PROBABILITIES and local.client_metric_names == ()
+    assert local.uplink_channel.payload is Payload.PROBABILITIES and local.client_metric_names == (EPOCHS_METRIC,)
     # arithmetic coding: the range coder's model is the broadcast p of the round
     coded = _zampling(dm, uplink="arithmetic", p_clamp=0.1)
     state = coded.broadcast_state(0)

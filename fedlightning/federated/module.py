@@ -117,6 +117,7 @@ class LocalTraining:
     steps: int
     num_samples: int
     optimizer: torch.optim.Optimizer
+    epochs: int = 0  # whole passes over the client's data (0 with ``local_steps``)
 
 
 @dataclass
@@ -502,6 +503,7 @@ class FederatedModule(L.LightningModule):
         params: ParamsT,
         batch_loss: Callable[[Tensor, Tensor], Tensor],
         after_step: Callable[[], None] | None = None,
+        after_epoch: Callable[[int], bool] | None = None,
     ) -> LocalTraining:
         """Local mini-batch training of ``params`` on one client's data, in place.
 
@@ -509,8 +511,15 @@ class FederatedModule(L.LightningModule):
         :meth:`make_client_optimizer`: batches and augmentation from the client's own streams,
         ``batch_loss(x, y)`` (which may draw from its own streams, e.g. masks or gates),
         ``loss.backward()``, clipping to ``max_grad_norm``, the optimiser step, then
-        ``after_step()``.
+        ``after_step()``. ``after_epoch(epochs_done)`` is called after each whole pass over
+        the data (``local_epochs`` mode only) and ends local training by returning true
+        (client-side early stopping; ``local_epochs`` is then the cap).
         """
+        if after_epoch is not None and self.local_steps is not None:
+            raise ConfigError(
+                "Client-side early stopping counts local epochs; set method.local_steps=null and cap the "
+                "epochs with method.local_epochs."
+            )
         optimizer = self.make_client_optimizer(params, client_id=client_id, round_idx=round_idx)
         trained = [p for group in optimizer.param_groups for p in group["params"]]
         in_place = steps_in_place(optimizer)  # plain SGD: the same update without step()'s wrappers
@@ -518,6 +527,7 @@ class FederatedModule(L.LightningModule):
         augment_gen = self.generator(round_idx, client_id, "augment")
         loss_sum = torch.zeros((), device=self.device)
         steps = 0
+        per_epoch = math.ceil(len(y) / self.batch_size) if self.local_steps is None else 0
         batches = self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y))
         if self._budget_callbacks:  # e.g. stragglers: at most a budget of the planned steps
             planned = list(batches)
@@ -543,7 +553,15 @@ class FederatedModule(L.LightningModule):
                 after_step()
             loss_sum += loss.detach()
             steps += 1
-        return LocalTraining(loss=loss_sum / max(steps, 1), steps=steps, num_samples=len(y), optimizer=optimizer)
+            if after_epoch is not None and steps % per_epoch == 0 and after_epoch(steps // per_epoch):
+                break
+        return LocalTraining(
+            loss=loss_sum / max(steps, 1),
+            steps=steps,
+            num_samples=len(y),
+            optimizer=optimizer,
+            epochs=steps // per_epoch if per_epoch else 0,
+        )
 
     # ------------------------------------------------------------------ helpers for methods
     def client_data(self, client_id: int) -> tuple[Tensor, Tensor]:

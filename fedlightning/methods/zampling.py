@@ -32,7 +32,11 @@ Decisions where the paper leaves a choice open (also stated in ``configs/method/
 * the server average is the plain mean 1/K Σ_k over the uploaders, as in the paper, not
   weighted by sample counts;
 * the client's Adam state is reset every round by default (``reset_optimizer``);
-* "up to 100 epochs with early stopping" is replaced by a fixed ``local_epochs``;
+* "up to 100 epochs with early stopping" is ``local_patience`` (client-side early stopping,
+  :meth:`Zampling.client_update`): each client holds out ``local_val_fraction`` of its own
+  data, scores ``local_val_samples`` sampled networks on it after every local epoch, stops
+  after ``local_patience`` epochs without a gain above ``local_min_delta`` (``local_epochs`` is
+  the cap) and uploads a mask of its best epoch's p. Default off: a fixed ``local_epochs``;
 * the paper's gradient mask freezes coordinates where the average hit exactly 0 or 1;
   ``p_clamp: ε`` (FedPM's remedy, arXiv 2209.15328) trains from clamp(p, ε, 1 − ε) instead.
   Default off.
@@ -49,6 +53,7 @@ this module holds the method and the pure maths both use.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -86,6 +91,7 @@ __all__ = [
     "accuracy_deviation",
     "bernoulli_draw",
     "frozen_fraction",
+    "holdout_positions",
     "hypercube_indicator",
     "mean_of_bits",
     "perturb_in_hypercube",
@@ -100,6 +106,9 @@ __all__ = [
 
 Estimator = Literal["zampling", "zhou", "fedpm"]
 OptimizerFactory = Callable[[Iterable[Tensor]], torch.optim.Optimizer]
+EPOCHS_METRIC = "train/local_epochs"
+"""Per-round mean over uploads of the local epochs a client ran (fewer than ``local_epochs`` when
+client-side early stopping ended its round)."""
 XENT_METRIC = "comm/uplink_xent_bits_per_param"
 """Per-round mean over uploads of Σ_j −log2 P(z_j | p_j) / n: the ideal coded size of a mask."""
 RANGE_METRIC = "comm/uplink_range_bits_per_param"
@@ -337,6 +346,23 @@ def accuracy_deviation(reference: float, perturbed: float, eps_norm: float) -> f
     return 100.0 * (reference - perturbed) / eps_norm if eps_norm > 0 else 0.0
 
 
+def holdout_positions(num_samples: int, fraction: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """A random split of ``range(num_samples)`` into (kept, held out), ``round(fraction · num_samples)``
+    held out (at least 1, and at least 1 kept).
+
+    >>> kept, held = holdout_positions(10, 0.25, torch.Generator().manual_seed(0))
+    >>> len(kept), len(held), sorted(torch.cat([kept, held]).tolist()) == list(range(10))
+    (8, 2, True)
+    >>> [len(part) for part in holdout_positions(2, 0.01, torch.Generator().manual_seed(0))]
+    [1, 1]
+    """
+    if num_samples < 2:
+        raise ValueError(f"A client with {num_samples} sample(s) cannot hold any out for early stopping.")
+    held = min(max(round(fraction * num_samples), 1), num_samples - 1)
+    perm = torch.randperm(num_samples, generator=generator)
+    return perm[held:], perm[:held]
+
+
 def bernoulli_draw(p: Tensor, generator: torch.Generator) -> Tensor:
     """z ~ Bernoulli(p) drawn on the generator's device and returned on p's.
 
@@ -487,6 +513,12 @@ class Zampling(FederatedModule):
         val_samples: sampled networks per validation; test_samples: per test (paper: 100).
         eval_networks_per_forward: sampled networks scored per batched forward at evaluation
             (one pass of Q over all their masks, one ``vmap``-ed forward); 1 scores them one by one.
+        local_patience: client-side early stopping (the paper's "up to 100 epochs with early
+            stopping, 10 epochs of patience and a delta of 10^-4"): stop a client's round after
+            this many local epochs without a gain above ``local_min_delta`` in the mean accuracy
+            of ``local_val_samples`` sampled networks on its held-out ``local_val_fraction``
+            of its data, and upload from its best epoch's p; ``local_epochs`` caps the epochs.
+            ``None`` (default): exactly ``local_epochs``, every sample trains.
         sensitivity_taus: at test time, the parameter-sensitivity study of the paper
             (§"Generalisation Properties via Parameter Sensitivity"): for each τ, perturb p
             ``sensitivity_perturbations`` times inside C_τ (:func:`perturb_in_hypercube`) and
@@ -504,7 +536,7 @@ class Zampling(FederatedModule):
     sets_server_state = True
     client_weighting = "uniform"  # the paper's plain mean 1/K Σ_k z^k over the uploaders
     supported_aggregation = ("normalised",)
-    client_metric_names: tuple[str, ...] = (XENT_METRIC, RANGE_METRIC)
+    client_metric_names: tuple[str, ...] = (EPOCHS_METRIC, XENT_METRIC, RANGE_METRIC)
 
     def __init__(
         self,
@@ -528,6 +560,10 @@ class Zampling(FederatedModule):
         val_samples: int = 20,
         test_samples: int = 100,
         eval_networks_per_forward: int = 10,
+        local_patience: int | None = None,
+        local_min_delta: float = 1e-4,
+        local_val_fraction: float = 0.1,
+        local_val_samples: int = 10,
         sensitivity_taus: Sequence[float] = (),
         sensitivity_perturbations: int = 10,
         sensitivity_samples: int = 10,
@@ -560,6 +596,18 @@ class Zampling(FederatedModule):
                 f"method.eval_networks_per_forward must be at least 1 (got {eval_networks_per_forward}); "
                 "1 scores the sampled networks one by one."
             )
+        if local_patience is not None:
+            if local_patience < 1:
+                raise ConfigError(f"method.local_patience must be at least 1 or null (got {local_patience}).")
+            if not 0 < local_val_fraction < 1:
+                raise ConfigError(f"method.local_val_fraction must be in (0, 1) (got {local_val_fraction}).")
+            if local_val_samples < 1:
+                raise ConfigError(f"method.local_val_samples must be at least 1 (got {local_val_samples}).")
+            if kwargs.get("local_steps") is not None:
+                raise ConfigError(
+                    "method.local_patience counts local epochs; set method.local_steps=null and cap the epochs "
+                    "with method.local_epochs (the paper: 100)."
+                )
         if p_init_beta <= 0:
             raise ConfigError(f"method.p_init_beta must be positive (got {p_init_beta}).")
         for tau in sensitivity_taus:
@@ -575,6 +623,10 @@ class Zampling(FederatedModule):
         self.upload = upload
         self.p_clamp = p_clamp
         self.reset_optimizer = reset_optimizer
+        self.local_patience = local_patience
+        self.local_min_delta = float(local_min_delta)
+        self.local_val_fraction = float(local_val_fraction)
+        self.local_val_samples = int(local_val_samples)
         self.uplink = uplink
         self.downlink = downlink
         self.q: SparseQ = self.build_q(model)
@@ -588,7 +640,7 @@ class Zampling(FederatedModule):
         if upload == "probabilities":
             self.uplink_channel.payload = Payload.PROBABILITIES
             self.uplink_channel.codec = Float32Codec()
-            self.client_metric_names = ()  # no mask, so no mask code length
+            self.client_metric_names = (EPOCHS_METRIC,)  # no mask, so no mask code length
         else:
             self.uplink_channel.codec = BitPackCodec()  # arithmetic: replaced every round
         self.downlink_channel.codec = Float32Codec()
@@ -694,8 +746,73 @@ class Zampling(FederatedModule):
             generator=self.generator(round_idx, client_id, "zampling_mask"),
         )
 
+    def local_holdout(self, client_id: int, num_samples: int) -> tuple[Tensor, Tensor]:
+        """(training, held-out) positions in a client's data for client-side early stopping.
+
+        Drawn from the client's own stream once for the whole run, so every round holds out
+        the same samples (:func:`holdout_positions`).
+        """
+        gen = self.generator(0, client_id, "local_holdout")
+        return holdout_positions(num_samples, self.local_val_fraction, gen)
+
+    @override
+    def client_data(self, client_id: int) -> tuple[Tensor, Tensor]:
+        """The client's training samples: all of them, or those not held out for early stopping."""
+        x, y = super().client_data(client_id)
+        if self.local_patience is None:
+            return x, y
+        train, _ = self.local_holdout(client_id, len(y))
+        return x[train.to(x.device)], y[train.to(y.device)]
+
+    @torch.no_grad()
+    def local_holdout_accuracy(self, network: SampledNetwork, x: Tensor, y: Tensor, masks: torch.Generator) -> float:
+        """Mean accuracy on (x, y) of ``local_val_samples`` networks sampled from the client's current p
+        (of the network w = Q·p itself in the continuous model)."""
+        p = network.probabilities().detach()
+        draws = self.local_val_samples if self.sampling else 0
+        z = torch.stack([bernoulli_draw(p, masks) for _ in range(draws)] or [p])
+        out = self.net.forward_many(x, self.weights_of_many(z))
+        return float((out.argmax(dim=-1) == y).double().mean())
+
+    def _local_early_stopping(
+        self, network: SampledNetwork, *, client_id: int, round_idx: int
+    ) -> tuple[Callable[[int], bool], Callable[[], None]]:
+        """``after_epoch`` for :meth:`local_train` and the call that restores the best epoch's score.
+
+        After each local epoch :meth:`local_holdout_accuracy` scores the held-out samples (masks
+        from the client's ``local_val`` stream of the round); training stops after
+        ``local_patience`` epochs without a gain above ``local_min_delta`` over the best so far.
+        """
+        x_all, y_all = super().client_data(client_id)
+        _, held = self.local_holdout(client_id, len(y_all))
+        x, y = x_all[held.to(x_all.device)], y_all[held.to(y_all.device)]
+        masks = self.generator(round_idx, client_id, "local_val")
+        patience = self.local_patience
+        assert patience is not None
+        best_acc, best_score, stale = -math.inf, network.score.detach().clone(), 0
+
+        def after_epoch(epochs: int) -> bool:
+            nonlocal best_acc, best_score, stale
+            acc = self.local_holdout_accuracy(network, x, y, masks)
+            if acc > best_acc + self.local_min_delta:
+                best_acc, best_score, stale = acc, network.score.detach().clone(), 0
+            else:
+                stale += 1
+            return stale >= patience
+
+        def restore() -> None:
+            with torch.no_grad():
+                network.score.copy_(best_score)
+
+        return after_epoch, restore
+
     @override
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
+        """Local training from the broadcast p; uploads a fresh mask z_new ~ Bernoulli(p_new) (or p_new).
+
+        With ``local_patience`` set, the client trains until its held-out accuracy stops
+        improving (:meth:`_local_early_stopping`) and p_new is its best epoch's p.
+        """
         p_start = self.effective_p(received)
         network = self.client_network(client_id=client_id, round_idx=round_idx, p_start=p_start)
         self.client_model.train()
@@ -704,17 +821,25 @@ class Zampling(FederatedModule):
             network.resample()  # a fresh mask for every mini-batch
             return self.local_loss(network, x, y)
 
+        after_epoch, restore = (
+            self._local_early_stopping(network, client_id=client_id, round_idx=round_idx)
+            if self.local_patience is not None
+            else (None, None)
+        )
         done = self.local_train(
             client_id=client_id,
             round_idx=round_idx,
             params=network.parameters(),
             batch_loss=batch_loss,
             after_step=lambda: self.on_local_step_end(network),
+            after_epoch=after_epoch,
         )
+        if restore is not None:
+            restore()
         if not self.reset_optimizer:
             self.client_state.set(client_id, OPTIMIZER_KEY, done.optimizer.state_dict())
         p_new = network.probabilities().detach()
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = {EPOCHS_METRIC: float(done.epochs)}
         if self.uplink_channel.payload is Payload.BERNOULLI_MASK:
             upload = bernoulli_draw(p_new, self.generator(round_idx, client_id, "zampling_upload"))
             metrics[XENT_METRIC] = bernoulli_cross_entropy_bits(upload, p_start) / self.n
