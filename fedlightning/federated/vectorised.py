@@ -19,9 +19,8 @@ without buffers (GroupNorm is fine). It is the accelerator path: on a CPU the lo
 
 >>> active = torch.tensor([True, False])
 >>> p, g = torch.ones(2, 3), torch.ones(2, 3)
->>> new, _ = sgd_step(p, g, None, active=active, lr=0.5, momentum=0.0, dampening=0.0, nesterov=False,
-...                   weight_decay=0.0, first=True)
->>> new.tolist()
+>>> stacked_sgd_step_(p, g, None, active=active, lr=0.5, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0)
+>>> p.tolist()
 [[0.5, 0.5, 0.5], [1.0, 1.0, 1.0]]
 """
 
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["SGDSettings", "StepPlan", "plan_steps", "sgd_settings", "sgd_step", "train_stacked"]
+__all__ = ["SGDSettings", "StepPlan", "plan_steps", "sgd_settings", "stacked_sgd_step_", "train_stacked"]
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ def plan_steps(schedules: Sequence[Sequence[Tensor]], offsets: Sequence[int], ba
     return StepPlan(index=index, mask=mask, active=active, steps=active.sum(dim=1))
 
 
-def sgd_step(
+def stacked_sgd_step_(
     p: Tensor,
     g: Tensor,
     buf: Tensor | None,
@@ -122,20 +121,27 @@ def sgd_step(
     dampening: float,
     nesterov: bool,
     weight_decay: float,
-    first: bool,
-) -> tuple[Tensor, Tensor | None]:
-    """One ``torch.optim.SGD`` step of stacked parameters ``p`` (K, ...), applied where ``active`` (K,).
+) -> Tensor | None:
+    """One ``torch.optim.SGD`` step of stacked parameters ``p`` (K, ...) in place, where ``active`` (K,).
 
-    ``first``: the momentum buffer starts as the gradient (as ``torch.optim.SGD``'s first step).
+    The same arithmetic as ``torch.optim.SGD``'s single-tensor step, on all K clients at once,
+    without new (K, ...) tensors: the gradient ``g`` is overwritten, and the momentum buffer
+    (``None`` before the first step, then the returned tensor) is updated in place. A client
+    that is not active keeps its parameters and buffer (its rows get a zero update).
     """
-    shape = (-1,) + (1,) * (p.dim() - 1)
-    on = active.reshape(shape)
-    d = g if weight_decay == 0 else g + weight_decay * p
+    everyone = bool(active.all())
+    on = active.reshape((-1,) + (1,) * (p.dim() - 1))
+    d = g if weight_decay == 0 else g.add_(p, alpha=weight_decay)
     if momentum != 0:
-        new_buf = d.clone() if first or buf is None else momentum * buf + (1 - dampening) * d
-        buf = new_buf if buf is None else torch.where(on, new_buf, buf)
-        d = d + momentum * new_buf if nesterov else new_buf
-    return torch.where(on, p - lr * d, p), buf
+        if buf is None:  # torch.optim.SGD's first step: the buffer is the gradient
+            buf = d.clone()
+        elif everyone:
+            buf.mul_(momentum).add_(d, alpha=1 - dampening)
+        else:
+            buf.copy_(torch.where(on, buf * momentum + d * (1 - dampening), buf))
+        d = d.add_(buf, alpha=momentum) if nesterov else buf
+    p.add_(d if everyone else d * on, alpha=-lr)
+    return buf
 
 
 def _per_sample_loss(task: str) -> Callable[[Tensor, Tensor], Tensor]:
@@ -187,13 +193,14 @@ def train_stacked(
     batched = torch.func.vmap(client_loss)
     loss_sum = torch.zeros(k, device=device)
     first_loss = torch.zeros(k, device=device)
+    for n in names:
+        params[n].requires_grad_(True)  # leaves of every step's graph, updated in place between steps
     for s in range(steps):
-        leaves = {n: params[n].requires_grad_(True) for n in names}
         idx = index[:, s]
         xb, yb = x[idx], y[idx]
         mb = mask[:, s].to(counts.dtype)
-        losses = batched(leaves, xb, yb, mb, counts[:, s])
-        grads = torch.autograd.grad(losses.sum(), [leaves[n] for n in names])
+        losses = batched(params, xb, yb, mb, counts[:, s])
+        grads = torch.autograd.grad(losses.sum(), [params[n] for n in names])
         on = active[:, s]
         with torch.no_grad():
             if max_grad_norm is not None:
@@ -201,8 +208,8 @@ def train_stacked(
                 coef = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
                 grads = tuple(g * coef.reshape((-1,) + (1,) * (g.dim() - 1)) for g in grads)
             for n, g in zip(names, grads, strict=True):
-                params[n], buffers[n] = sgd_step(
-                    leaves[n].detach(),
+                buffers[n] = stacked_sgd_step_(
+                    params[n],
                     g,
                     buffers[n],
                     active=on,
@@ -211,7 +218,6 @@ def train_stacked(
                     dampening=settings.dampening,
                     nesterov=settings.nesterov,
                     weight_decay=settings.weight_decay,
-                    first=s == 0,
                 )
             step_loss = torch.where(on, losses.detach(), torch.zeros_like(losses))
             loss_sum += step_loss
