@@ -7,6 +7,7 @@ numbers (benchmarks/results/zampling.md) on real MNIST
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,24 @@ QUICK = [
     "zampling_fedpm_quick",
     "zampling_sensitivity_quick",
 ]
+
+
+def test_quick_early_stopping_experiment_runs_and_logs_its_local_epochs(
+    make_config, shared_data_root: Path, tmp_path: Path
+) -> None:
+    cfg = make_config(
+        [
+            "+experiment=zampling_federated_early_stopping_quick",
+            f"data.root={shared_data_root}",
+            "rounds=1",
+            "logger=csv",
+        ]
+    )
+    summary = run(cfg, tmp_path)
+    assert summary["rounds"] == 1 and summary["test/acc_sampled_mean"] > 0.2
+    (metrics,) = tmp_path.glob("csv/**/metrics.csv")
+    epochs = [float(row["train/local_epochs"]) for row in csv.DictReader(metrics.open()) if row["train/local_epochs"]]
+    assert len(epochs) == 1 and 2 <= epochs[0] <= 3  # patience 1: at least 2 epochs, capped at 3
 
 
 @pytest.mark.parametrize("name", QUICK)
