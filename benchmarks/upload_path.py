@@ -7,8 +7,10 @@ arm folds the client's weights into the round's sums ``--calls`` times; the medi
 ``--repeats`` interleaved repetitions is printed per call. Arms:
 
 * ``engine``: what the engine does for a plain FedAvg upload: the flat copy of the weights
-  minus the broadcast (``flat_parameters(model) - received``), the finiteness sum, and the
+  minus the broadcast (``flat_parameters(model).sub_(received)``), the finiteness sum, and the
   float64 fold (``WeightedMean.accumulate``);
+* ``float32_codec``: the plain uplink's real bitstream, encoded and decoded (``Float32Codec``),
+  which the engine also pays between the difference and the fold;
 * ``peer``: the suite's plain peer: ``buf.add_(p, alpha=n_i)`` per tensor into float32 buffers;
 * ``flat_float32``: the engine's flat difference folded into a float32 sum instead;
 * ``difference_only``: the difference written tensor by tensor into a preallocated flat buffer;
@@ -24,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from fedlightning.compression.codecs import Float32Codec
 from fedlightning.federated.aggregators import WeightedMean
 from fedlightning.federated.params import assign_flat_, flat_parameters
 from fedlightning.models import build_model
@@ -55,10 +58,15 @@ def main() -> None:
             torch.sub(p.detach().reshape(-1), g.reshape(-1), out=difference[offset : offset + n])
             offset += n
 
+    codec = Float32Codec()
+
     def engine() -> None:
-        upload = flat_parameters(model) - received
+        upload = flat_parameters(model).sub_(received)
         float(upload.sum())
         float64_sums.accumulate(upload, weight=60.0)
+
+    def float32_codec() -> None:
+        codec.encode(difference).decode()
 
     def peer() -> None:
         with torch.no_grad():
@@ -74,6 +82,7 @@ def main() -> None:
 
     arms: dict[str, Callable[[], None]] = {
         "engine": engine,
+        "float32_codec": float32_codec,
         "peer": peer,
         "flat_float32": flat_float32,
         "difference_only": write_difference,

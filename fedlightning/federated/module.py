@@ -492,7 +492,8 @@ class FederatedModule(L.LightningModule):
             batch_loss=lambda x, y: self.local_loss(model, x, y),
             after_step=lambda: self.on_local_step_end(model),
         )
-        return ClientResult(upload=flat_parameters(model) - received, num_samples=done.num_samples, loss=done.loss)
+        upload = flat_parameters(model).sub_(received)  # w_k − w in the new flat copy (no second vector)
+        return ClientResult(upload=upload, num_samples=done.num_samples, loss=done.loss)
 
     # ------------------------------------------------------------------ the local-training routine
     def local_train(
