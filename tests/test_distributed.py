@@ -40,6 +40,17 @@ CASES = {
     ],
 }
 
+# The Zampling family's sampled-network scores: each process scores its own shard of the split.
+SAMPLED_METRICS = (
+    "val/acc_sampled_mean",
+    "val/acc_discretised",
+    "val/acc_best_mask",
+    "test/acc_sampled_mean",
+    "test/acc_sampled_max",
+    "test/acc_discretised",
+    "test/acc_best_mask",
+)
+
 # Beyond the suite's time budget (run with -m slow): FedNova's step sums, and the sub-model
 # methods (per-client slices, slice-wise sums, random eFD sub-models per client).
 SLOW_CASES = {
@@ -84,6 +95,8 @@ def test_two_processes_reproduce_one_process_bits_and_accuracy(
         assert two[key] == one[key], key
     assert records(tmp_path / "two") == records(tmp_path / "one")  # same cohort, same per-client bits
     assert two["test/acc"] == pytest.approx(one["test/acc"], abs=1e-6)
+    for key in SAMPLED_METRICS if case == "federated_zampling" else ():  # pooled over both shards
+        assert two[key] == pytest.approx(one[key], abs=1e-6), key
     if PROBE in overrides:  # each process evaluated its own half of the test set, none twice
         seen = [json.loads((tmp_path / "two" / f"held_out_{r}.json").read_text())["samples"] for r in (0, 1)]
         (total,) = [json.loads((tmp_path / "one" / "held_out_0.json").read_text())["samples"]]

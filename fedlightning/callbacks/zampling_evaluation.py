@@ -17,6 +17,8 @@ that are actually sampled, on the same evaluation batches:
   (§"Generalisation Properties via Parameter Sensitivity") as ``test/sensitivity/...``, see
   :meth:`ZamplingEvaluation.sensitivity_metrics`.
 
+With several processes each one evaluates its own shard of the split; every accuracy here is
+pooled from the correct counts of all of them (one all-reduce), so it is the whole split's.
 p is the module's :meth:`~fedlightning.methods.zampling.Zampling.effective_p` of its state.
 Sampled networks are scored ``networks_per_forward`` at a time: their masks are multiplied by Q
 in one pass (:meth:`~fedlightning.models.zampling.SparseQ.matmat`) and run through one batched
@@ -139,14 +141,22 @@ class ZamplingEvaluation(L.Callback):
     # ------------------------------------------------------------------ metrics
     @torch.no_grad()
     def accuracy(self, module: Zampling, w: Tensor) -> float:
-        """Accuracy of the network with weights ``w`` on the batches of the current pass."""
+        """Accuracy of the network with weights ``w`` on the batches of the current pass (all processes')."""
         network = self._zampled(module)
         correct, total = 0, 0
         for x, y in self._batches:
             out = network.forward(x, w)
             correct += int((out.argmax(dim=1) == y).sum())
             total += len(y)
-        return correct / max(total, 1)
+        return float(self._pooled(module, torch.tensor([correct]), total)[0])
+
+    @staticmethod
+    def _pooled(module: Zampling, correct: Tensor, total: int) -> Tensor:
+        """Accuracies (float64) from correct counts summed over the processes, each of which
+        evaluated its own shard of the split (one collective; the counts themselves with one)."""
+        packed = torch.cat([correct.to(torch.float64), torch.tensor([float(total)], dtype=torch.float64)])
+        packed = module.reduce_sum(packed).cpu()
+        return packed[:-1] / max(float(packed[-1]), 1.0)
 
     def _zampled(self, module: Zampling) -> ZampledNetwork:
         network = self._network
@@ -156,7 +166,7 @@ class ZamplingEvaluation(L.Callback):
 
     @torch.no_grad()
     def accuracies(self, module: Zampling, w: Tensor) -> Tensor:
-        """Accuracy of each of the B networks with weights ``w`` (B, m) on the current pass (float64)."""
+        """Accuracy of each of the B networks with weights ``w`` (B, m) on the current pass (float64, all processes')."""
         network = self._zampled(module)
         correct = torch.zeros(w.shape[0], dtype=torch.int64)
         total = 0
@@ -164,7 +174,7 @@ class ZamplingEvaluation(L.Callback):
             out = network.forward_many(x, w)
             correct += (out.argmax(dim=-1) == y).sum(dim=-1).cpu()
             total += len(y)
-        return correct.to(torch.float64) / max(total, 1)
+        return self._pooled(module, correct, total)
 
     def sampled_accuracies(self, module: Zampling, p: Tensor, num_samples: int, gen: torch.Generator) -> Tensor:
         """Accuracy of ``num_samples`` networks w = Q·z, z ~ Bernoulli(p) drawn from ``gen`` (float64).
@@ -260,7 +270,8 @@ class ZamplingEvaluation(L.Callback):
         self._batches.append((x.detach(), y.detach()))
 
     def _scored(self, module: Zampling) -> bool:
-        return module.task == "classification" and bool(self._batches)
+        # With several processes every one takes part in the collectives, even one whose shard is empty.
+        return module.task == "classification" and (bool(self._batches) or module.world_size > 1)
 
     @staticmethod
     def _log(module: L.LightningModule, metrics: dict[str, float]) -> None:
