@@ -166,7 +166,7 @@ class ZamplingEvaluation(L.Callback):
 
     @torch.no_grad()
     def accuracies(self, module: Zampling, w: Tensor) -> Tensor:
-        """Accuracy of each of the B networks with weights ``w`` (B, m) on the current pass (float64, all processes')."""
+        """Accuracy of each of the B networks with weights ``w`` (B, m) on the current pass (float64, all processes)."""
         network = self._zampled(module)
         correct = torch.zeros(w.shape[0], dtype=torch.int64)
         total = 0
