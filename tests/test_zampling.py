@@ -468,12 +468,12 @@ def test_local_training_runs_through_the_engines_routine() -> None:
 class _ScriptedHoldout(Zampling):
     """Client-side early stopping on a scripted held-out accuracy; keeps the score of every epoch."""
 
-    script = (0.5, 0.7, 0.70005, 0.6, 0.69, 0.99)
+    script = (0.5, 0.7, 0.70005, 0.6, 0.69, 0.99)  # epoch 6 (0.99) is never reached
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.scores: dict[int, list[Tensor]] = {}
-        self.epoch_metrics: list[float] = []
+        self.scores: dict[int, list[Tensor]] = {}  # client -> its score after each epoch
+        self.current_client = -1
 
     def local_holdout_accuracy(self, network: SampledNetwork, x: Tensor, y: Tensor, masks: torch.Generator) -> float:
         seen = self.scores.setdefault(self.current_client, [])
