@@ -240,7 +240,7 @@ def _run(
     loggers = _loggers(cfg, output_dir, labels)
     metrics_files = [lg.metrics_file for lg in loggers if isinstance(lg, CSVLogger)]
     resume, source = _resume_point(cfg, output_dir, config, module, rounds, metrics_files)
-    _check_resumed_split(output_dir, resume, datamodule)
+    _check_resumed_split(output_dir, resume, datamodule, source)
     if manage:
         write_record(output_dir, config)
         # The resolved config, also for runs outside Hydra (whose .hydra/config.yaml is unresolved).
@@ -385,24 +385,36 @@ def _resume_point(
     return resume, folder if other and folder != output_dir.resolve() else None
 
 
-def _check_resumed_split(output_dir: Path, resume: Resume, datamodule: Any) -> None:
-    """A run resumed from its own checkpoint keeps the clients and hold-out its ``partition.json`` records.
+def _check_resumed_split(output_dir: Path, resume: Resume, datamodule: Any, source: Path | None) -> None:
+    """A resumed run keeps the clients and hold-out that its checkpoint's run folder records.
 
-    The config on record already matches; this catches a data module or partitioner whose draw
-    changed since the run started, which would train the remaining rounds on other samples.
+    From its own checkpoint the config on record already matches, so this catches a data module
+    or partitioner whose draw changed since the run started; from a checkpoint of another run
+    folder (``source``) it also catches a data or partition config other than that run's. Either
+    way the remaining rounds would train on other samples than the checkpoint's.
     """
-    recorded = output_dir / "partition.json"
-    own = resume.ckpt_path is not None and resume.ckpt_path.resolve().parent == (output_dir / CHECKPOINTS).resolve()
-    if not own or not recorded.is_file():
+    if resume.ckpt_path is None:
+        return
+    own = resume.ckpt_path.resolve().parent == (output_dir / CHECKPOINTS).resolve()
+    recorded = output_dir / "partition.json" if own else (source / "partition.json" if source else None)
+    if recorded is None or not recorded.is_file():
         return
     saved, now = json.loads(recorded.read_text()), datamodule.partition_record()
     changed = [key for key in ("num_dataset_samples", "validation", "clients") if saved.get(key) != now.get(key)]
-    if changed:
+    if not changed:
+        return
+    what = " and ".join(changed)
+    if own:
         raise ConfigError(
-            f"{recorded} records other {' and '.join(changed)} than this version of the code draws for the "
-            f"same config (the data module or partitioner changed since round {resume.round}), so resuming would "
-            "train the remaining rounds on other samples; start the run again in a new folder (hydra.run.dir=...)."
+            f"{recorded} records other {what} than this version of the code draws for the same config (the data "
+            f"module or partitioner changed since round {resume.round}), so resuming would train the remaining "
+            "rounds on other samples; start the run again in a new folder (hydra.run.dir=...)."
         )
+    raise ConfigError(
+        f"ckpt_path={resume.ckpt_path} comes from a run whose {recorded.name} records other {what} than this "
+        "run draws, so resuming would train the remaining rounds on other samples; resume with the data and "
+        "partition settings of that run (its config.yaml), or start from round 0 without ckpt_path."
+    )
 
 
 def _cut_back(output_dir: Path, resume: Resume, source: Path | None, loggers: list[Any]) -> None:

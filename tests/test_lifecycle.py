@@ -259,6 +259,18 @@ def test_a_resumed_run_whose_code_draws_other_clients_than_its_partition_file_st
     assert "\n" not in text and not (stopped / "summary.json").exists()
 
 
+def test_resuming_another_runs_checkpoint_with_another_partition_stops(finished: Path, tmp_path: Path) -> None:
+    checkpoint = finished / "checkpoints" / "round-0001.ckpt"
+    base = ["rounds=2", "checkpoint_every=1", "logger=csv", "data.num_clients=3", f"ckpt_path={checkpoint}"]
+    with pytest.raises(ConfigError) as info:
+        run(compose_config([*base, "partition=iid"]), tmp_path / "other")
+    text = str(info.value)
+    assert f"ckpt_path={checkpoint} comes from a run whose partition.json records other clients" in text, text
+    assert "\n" not in text and not (tmp_path / "other" / "summary.json").exists()
+    same = run(compose_config(base), tmp_path / "same")  # its own data and partition: resumes
+    assert same["resumed_from_round"] == 1
+
+
 def test_a_record_older_than_early_stopping_matches_only_while_early_stopping_is_off(
     finished: Path, tmp_path: Path
 ) -> None:
