@@ -152,8 +152,8 @@ class ZamplingEvaluation(L.Callback):
 
     @staticmethod
     def _pooled(module: Zampling, correct: Tensor, total: int) -> Tensor:
-        """Accuracies (float64) from correct counts summed over the processes, each of which
-        evaluated its own shard of the split (one collective; the counts themselves with one)."""
+        """Accuracies (float64) from the correct counts summed over the processes, each of which
+        evaluated its own shard of the split; one all-reduce carries the counts and the sample total."""
         packed = torch.cat([correct.to(torch.float64), torch.tensor([float(total)], dtype=torch.float64)])
         packed = module.reduce_sum(packed).cpu()
         return packed[:-1] / max(float(packed[-1]), 1.0)
