@@ -25,6 +25,7 @@ from fedlightning.methods.zampling import (
     EPOCHS_METRIC,
     OPTIMIZER_KEY,
     RANGE_METRIC,
+    XENT_METRIC,
     ClippedScore,
     MaskCodec,
     SampledNetwork,
@@ -543,9 +544,17 @@ def test_local_early_stopping_refuses_local_steps_and_bad_values() -> None:
     with pytest.raises(ConfigError, match="local_steps=null"):
         _zampling(dm, local_patience=10)  # _zampling sets local_steps=3
     for key, value in (("local_patience", 0), ("local_val_fraction", 1.0), ("local_val_samples", 0)):
-        options = {"local_steps": None, "local_patience": 2, key: value}
+        options = {"local_steps": None, "local_epochs": 20, "local_patience": 2, key: value}
         with pytest.raises(ConfigError, match=f"method.{key}"):
             _zampling(dm, **options)
+    # patience 10 needs 11 epochs to stop a round: with at most 10 it would be a setting that does nothing
+    with pytest.raises(ConfigError, match=r"can never end a round of at most method\.local_epochs=10"):
+        _zampling(dm, local_steps=None, local_epochs=10, local_patience=10)
+    tiny = digits_federation(1000)  # 1,438 training digits: some clients hold a single one
+    assert min(tiny.client_sizes) == 1
+    with pytest.raises(ConfigError, match="a client here has 1 sample"):
+        _fit(_zampling(tiny, local_steps=None, local_epochs=20, local_patience=2), 1)
+    assert _zampling(dm).client_metric_names == (XENT_METRIC, RANGE_METRIC)  # no local epochs logged without it
 
 
 def test_payloads_codecs_and_refusals() -> None:
@@ -557,7 +566,7 @@ def test_payloads_codecs_and_refusals() -> None:
     assert module.uplink_channel.codec.name == BitPackCodec().name
     assert [type(cb) for cb in module.configure_callbacks()] == [ZamplingEvaluation]
     local = _zampling(dm, upload="probabilities")
-    assert local.uplink_channel.payload is Payload.PROBABILITIES and local.client_metric_names == (EPOCHS_METRIC,)
+    assert local.uplink_channel.payload is Payload.PROBABILITIES and local.client_metric_names == ()
     # arithmetic coding: the range coder's model is the broadcast p of the round
     coded = _zampling(dm, uplink="arithmetic", p_clamp=0.1)
     state = coded.broadcast_state(0)

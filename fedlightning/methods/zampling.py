@@ -107,8 +107,8 @@ __all__ = [
 Estimator = Literal["zampling", "zhou", "fedpm"]
 OptimizerFactory = Callable[[Iterable[Tensor]], torch.optim.Optimizer]
 EPOCHS_METRIC = "train/local_epochs"
-"""Per-round mean over uploads of the local epochs a client ran (fewer than ``local_epochs`` when
-client-side early stopping ended its round)."""
+"""Per-round mean over uploads of the local epochs a client ran under client-side early stopping
+(``local_patience``; logged only then)."""
 XENT_METRIC = "comm/uplink_xent_bits_per_param"
 """Per-round mean over uploads of Σ_j −log2 P(z_j | p_j) / n: the ideal coded size of a mask."""
 RANGE_METRIC = "comm/uplink_range_bits_per_param"
@@ -536,7 +536,7 @@ class Zampling(FederatedModule):
     sets_server_state = True
     client_weighting = "uniform"  # the paper's plain mean 1/K Σ_k z^k over the uploaders
     supported_aggregation = ("normalised",)
-    client_metric_names: tuple[str, ...] = (EPOCHS_METRIC, XENT_METRIC, RANGE_METRIC)
+    client_metric_names: tuple[str, ...] = (XENT_METRIC, RANGE_METRIC)
 
     def __init__(
         self,
@@ -608,6 +608,12 @@ class Zampling(FederatedModule):
                     "method.local_patience counts local epochs; set method.local_steps=null and cap the epochs "
                     "with method.local_epochs (the paper: 100)."
                 )
+            if kwargs.get("local_epochs", 1) <= local_patience:
+                raise ConfigError(
+                    f"method.local_patience={local_patience} can never end a round of at most "
+                    f"method.local_epochs={kwargs.get('local_epochs', 1)} epochs (it needs patience + 1 of them); "
+                    "raise method.local_epochs (the paper: 100) or set method.local_patience=null."
+                )
         if p_init_beta <= 0:
             raise ConfigError(f"method.p_init_beta must be positive (got {p_init_beta}).")
         for tau in sensitivity_taus:
@@ -640,9 +646,11 @@ class Zampling(FederatedModule):
         if upload == "probabilities":
             self.uplink_channel.payload = Payload.PROBABILITIES
             self.uplink_channel.codec = Float32Codec()
-            self.client_metric_names = (EPOCHS_METRIC,)  # no mask, so no mask code length
+            self.client_metric_names = ()  # no mask, so no mask code length
         else:
             self.uplink_channel.codec = BitPackCodec()  # arithmetic: replaced every round
+        if local_patience is not None:  # the epochs each client ran (fixed otherwise)
+            self.client_metric_names = (EPOCHS_METRIC, *self.client_metric_names)
         self.downlink_channel.codec = Float32Codec()
 
         from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation  # it imports this module
@@ -839,7 +847,7 @@ class Zampling(FederatedModule):
         if not self.reset_optimizer:
             self.client_state.set(client_id, OPTIMIZER_KEY, done.optimizer.state_dict())
         p_new = network.probabilities().detach()
-        metrics: dict[str, float] = {EPOCHS_METRIC: float(done.epochs)}
+        metrics: dict[str, float] = {EPOCHS_METRIC: float(done.epochs)} if self.local_patience is not None else {}
         if self.uplink_channel.payload is Payload.BERNOULLI_MASK:
             upload = bernoulli_draw(p_new, self.generator(round_idx, client_id, "zampling_upload"))
             metrics[XENT_METRIC] = bernoulli_cross_entropy_bits(upload, p_start) / self.n
@@ -882,6 +890,11 @@ class Zampling(FederatedModule):
     @override
     def on_fit_start(self) -> None:
         super().on_fit_start()
+        if self.local_patience is not None and min(self.datamodule.client_sizes, default=2) < 2:
+            raise ConfigError(
+                f"method.local_patience holds out part of each client's data, but a client here has "
+                f"{min(self.datamodule.client_sizes)} sample(s); use fewer clients or set method.local_patience=null."
+            )
         self._q_to_device()
 
     @override
