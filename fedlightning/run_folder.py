@@ -272,8 +272,9 @@ def latest_good_checkpoint(
 def missing_rows(metrics_files: list[Path], round_idx: int) -> str | None:
     """Why ``metrics_files`` lack the training row of round ``round_idx`` (``None``: they have it).
 
-    A round that is not evaluated is checkpointed just before its training row is logged; a
-    kill in between leaves a checkpoint whose round the metrics would then miss.
+    The engine logs a round's training row before the round is checkpointed, but a folder
+    written by an earlier version (checkpoint first) and killed in between holds a checkpoint
+    whose round the metrics miss; resuming from it would leave a hole in ``metrics.csv``.
     """
     if round_idx == 0:
         return None

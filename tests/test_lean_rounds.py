@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from torch.utils.data import DataLoader, TensorDataset
 
 from fedlightning import lean_imports
+from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.datamodules import DigitsDataModule
 from fedlightning.datamodules.tensor_loader import shard_bounds, tensor_loader
 from fedlightning.federated.module import resolved_optimizer_factory
@@ -117,6 +118,65 @@ def test_objects_of_start_up_are_frozen_during_rounds_and_released_after() -> No
     round_trainer(2, [FullParticipation(), probe]).fit(_fedavg(dm))
     assert len(probe.frozen) == 2 and min(probe.frozen) > before + 10_000  # torch, Lightning, the model
     assert gc.get_freeze_count() == before
+
+
+class _Rows(L.pytorch.loggers.Logger):
+    """A logger that keeps every row it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "rows"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def test_a_round_logs_its_row_in_one_logger_call_and_never_through_lightning_module_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dm = DigitsDataModule(num_clients=3, seed=0)
+    module = _fedavg(dm)
+    calls: list[str] = []
+    log = L.LightningModule.log
+
+    def counted(self: L.LightningModule, name: str, *args: Any, **kwargs: Any) -> None:
+        calls.append(name)
+        log(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(L.LightningModule, "log", counted)
+    rows = _Rows()
+    accountant = CommunicationAccountant()
+    trainer = round_trainer(3, [FullParticipation(), accountant], logger=rows, log_every_n_steps=1)
+    trainer.fit(module)
+    training = [(step, row) for step, row in rows.rows if "train/loss" in row]
+    assert [step for step, _ in training] == [0, 1, 2]
+    assert [row["round"] for _, row in training] == [1.0, 2.0, 3.0]
+    assert all(row["epoch"] == 0 for _, row in training)
+    bits = 3 * 2 * module.dense_message_bits  # 3 clients, one message each way, dense float32
+    assert [row["comm/bits_total"] for _, row in training] == [bits, 2 * bits, 3 * bits]
+    cumulative = {"comm/uplink_bits_total", "comm/downlink_bits_total", "comm/bits_total"}
+    assert set(calls) == {"val/acc", "val/loss", "val/acc_best", "round", *cumulative}  # the validation row only
+    assert trainer.callback_metrics["comm/bits_total"].dtype == torch.float64
+    assert float(trainer.callback_metrics["train/loss"]) == training[-1][1]["train/loss"]
+    assert trainer.progress_bar_metrics["round"] == 3.0
+
+
+def test_the_round_row_reaches_the_loggers_at_the_trainers_cadence() -> None:
+    dm = DigitsDataModule(num_clients=3, seed=0)
+    rows = _Rows()
+    round_trainer(5, [FullParticipation()], logger=rows, log_every_n_steps=2).fit(_fedavg(dm))
+    assert [row["round"] for _, row in rows.rows if "train/loss" in row] == [2.0, 4.0]
 
 
 @pytest.mark.parametrize("module", ["fedlightning.cli", "fedlightning"])

@@ -155,16 +155,29 @@ def test_a_run_killed_after_its_final_checkpoint_only_tests_and_summarises(tmp_p
     _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
 
 
-@pytest.mark.parametrize(("where", "resumed_from"), [("after_checkpoint", 2), ("mid_round", 3)])
-def test_a_round_without_validation_resumes_only_once_its_training_row_is_written(
-    where: str, resumed_from: int, tmp_path: Path
-) -> None:
-    # Round 3 is not evaluated (eval_every=2): its checkpoint precedes its training row, so a
-    # kill right after the checkpoint makes the run resume from round 2's.
+@pytest.mark.parametrize("where", ["after_checkpoint", "mid_round"])
+def test_a_round_without_validation_resumes_from_its_own_checkpoint(where: str, tmp_path: Path) -> None:
+    # Round 3 is not evaluated (eval_every=2): its training row is written before its
+    # checkpoint, so a kill right after the checkpoint, or in round 4, loses nothing of round 3.
     cfg = compose_config([*RUN, "eval_every=2"])
     run(cfg, tmp_path / "straight")
     _killed(cfg, tmp_path / "resumed", round_idx=3, where=where)
-    assert run(cfg, tmp_path / "resumed")["resumed_from_round"] == resumed_from
+    assert run(cfg, tmp_path / "resumed")["resumed_from_round"] == 3
+    _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
+
+
+def test_a_checkpoint_whose_training_row_is_missing_is_passed_over(tmp_path: Path) -> None:
+    # A folder whose round-3 checkpoint lacks round 3's training row (a kill between the two,
+    # when an earlier version wrote the checkpoint first) resumes from round 2's checkpoint.
+    cfg = compose_config([*RUN, "eval_every=2"])
+    run(cfg, tmp_path / "straight")
+    _killed(cfg, tmp_path / "resumed", round_idx=3, where="after_checkpoint")
+    metrics = tmp_path / "resumed/csv/metrics.csv"
+    lines = metrics.read_text().splitlines(keepends=True)
+    rows = list(csv.DictReader(lines))
+    assert rows[-1]["step"] == "3" and rows[-1]["train/loss"]
+    metrics.write_text("".join(lines[:-1]))
+    assert run(cfg, tmp_path / "resumed")["resumed_from_round"] == 2
     _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
 
 

@@ -157,14 +157,13 @@ class CommunicationAccountant(FederatedCallback):
         if self.totals[_UP_CONTROL] or self.totals[_DOWN_CONTROL]:
             exact["comm/uplink_control_bits_total"] = self.totals[_UP_CONTROL]
             exact["comm/downlink_control_bits_total"] = self.totals[_DOWN_CONTROL]
-        for name, value in exact.items():
-            module.log(name, _f64(value), on_step=True, on_epoch=False, prog_bar=name == "comm/bits_total")
+        metrics.update({name: int(value) for name, value in exact.items()})
         uploads = int(round_counts[_UP_MSGS])
         if uploads:
             per_param = int(round_counts[_UP_BITS] - round_counts[_UP_CONTROL]) / (uploads * module.uplink_numel)
-            module.log("comm/uplink_bits_per_param", per_param, on_step=True, on_epoch=False)
-        module.log("comm/uplink_compression", self.uplink_compression, on_step=True, on_epoch=False)
-        module.log("comm/downlink_compression", self.downlink_compression, on_step=True, on_epoch=False)
+            metrics["comm/uplink_bits_per_param"] = per_param
+        metrics["comm/uplink_compression"] = self.uplink_compression
+        metrics["comm/downlink_compression"] = self.downlink_compression
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -247,7 +247,7 @@ class ClientFailures(FederatedCallback):
         }
         for name, value in events.items():
             self.totals[name] += value
-            module.log(f"failures/{name}", float(value), on_step=True, on_epoch=False)
+            metrics[f"failures/{name}"] = float(value)
 
     # ------------------------------------------------------------------ results and checkpoints
     @override

@@ -146,7 +146,13 @@ class FederatedCallback(L.Callback):
     def on_round_end(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, metrics: dict[str, Any]
     ) -> None:
-        """The round is over and the server state updated."""
+        """The round is over and the server state updated.
+
+        ``metrics`` is the round's row (name to number, ``round`` counted from 1): add this
+        round's scalars to it. The engine logs the row once after every callback
+        (:func:`fedlightning.federated.round_row.log_round_row`), which costs far less than a
+        ``module.log`` per value.
+        """
 
     def summary_metrics(self) -> dict[str, float | int]:
         """Run totals this callback adds to ``summary.json`` (default: none)."""

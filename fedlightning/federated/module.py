@@ -74,6 +74,7 @@ from fedlightning.federated.message import Message
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters, set_flat_grad_
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER, torch_generator
+from fedlightning.federated.round_row import log_round_row
 from fedlightning.federated.state import ClientStateStore
 from fedlightning.federated.vectorised import plan_steps, sgd_settings, train_stacked
 
@@ -947,11 +948,10 @@ class FederatedModule(L.LightningModule):
         for k, name in enumerate(self.client_metric_names):
             metrics[name] = float(rnd.stats[_METRICS + k]) / uploads
         metrics.update(self.server_metrics(rnd.round_idx))
-        for name, value in metrics.items():
-            self.log(name, float(value), on_step=True, on_epoch=False)
-        self.log("round", float(rnd.round_idx + 1), on_step=True, on_epoch=False, prog_bar=True)
+        metrics["round"] = float(rnd.round_idx + 1)
         for cb in rnd.callbacks:
-            cb.on_round_end(self.trainer, self, rnd.round_idx, metrics)
+            cb.on_round_end(self.trainer, self, rnd.round_idx, metrics)  # each may add its scalars
+        log_round_row(self.trainer, rnd.round_idx, metrics)
 
     def _upload(
         self,

@@ -127,8 +127,7 @@ class OptimalClientSampler(ClientSampler):
     def on_round_end(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, metrics: dict[str, Any]
     ) -> None:
-        for name, value in self._metrics.items():
-            module.log(name, value, on_step=True, on_epoch=False)
+        metrics.update(self._metrics)
         self._metrics = {}
 
 
