@@ -32,7 +32,7 @@ import itertools
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import lightning as L
@@ -216,6 +216,17 @@ def cli_times(root: str, rounds: int, extra: list[str]) -> list[tuple[float, flo
     return _Timer.latest.round_times()[1:]
 
 
+def medians(times: dict[str, list[tuple[float, float]]], base: str) -> Iterator[tuple[str, str, float, float]]:
+    """(clock, arm, the arm's median round, ``base``'s median round) for wall and CPU seconds.
+
+    CPU seconds are this process's: less sensitive to other load than wall time.
+    """
+    for k, what in ((0, "wall"), (1, "CPU")):
+        b = statistics.median(t[k] for t in times[base])
+        for arm in times:
+            yield what, arm, statistics.median(t[k] for t in times[arm]), b
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True)
@@ -247,14 +258,11 @@ def main() -> None:
         for arm in chosen:
             times[arm] += arms[arm]()
     base = chosen[0]
-    for k, what in ((0, "wall"), (1, "CPU")):  # CPU seconds of this process: less sensitive to other load
-        b = statistics.median(t[k] for t in times[base])
-        for arm in chosen:
-            m = statistics.median(t[k] for t in times[arm])
-            print(
-                f"{what}: {arm} round median {m:.4f} s over {len(times[arm])} rounds; ratio to {base} {m / b:.3f}, "
-                f"per-client difference {(m - b) / COHORT * 1e3:+.3f} ms"
-            )
+    for what, arm, m, b in medians(times, base):
+        print(
+            f"{what}: {arm} round median {m:.4f} s over {len(times[arm])} rounds; ratio to {base} {m / b:.3f}, "
+            f"per-client difference {(m - b) / COHORT * 1e3:+.3f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lean_round import _Timer
+from lean_round import _Timer, medians
 from perf.workloads import workloads
 
 import fedlightning.federated.module as engine
@@ -165,14 +165,11 @@ def main() -> None:
         for name in arms:
             with arm(name):
                 times[name] += round_times(overrides)
-    for k, what in ((0, "wall"), (1, "CPU")):
-        base = statistics.median(t[k] for t in times["per-value"])
-        for name in arms:
-            m = statistics.median(t[k] for t in times[name])
-            print(
-                f"{args.workload} {what}: {name} round median {m * 1e3:.2f} ms over {len(times[name])} rounds; "
-                f"ratio to per-value {m / base:.3f}"
-            )
+    for what, name, m, base in medians(times, "per-value"):
+        print(
+            f"{args.workload} {what}: {name} round median {m * 1e3:.2f} ms over {len(times[name])} rounds; "
+            f"ratio to per-value {m / base:.3f}"
+        )
 
 
 if __name__ == "__main__":
