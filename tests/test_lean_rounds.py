@@ -23,6 +23,7 @@ from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.datamodules import DigitsDataModule
 from fedlightning.datamodules.tensor_loader import shard_bounds, tensor_loader
 from fedlightning.federated.module import resolved_optimizer_factory
+from fedlightning.federated.round_row import round_row_values
 from fedlightning.methods import FedAvg
 from fedlightning.models import build_model
 from fedlightning.sampling import FullParticipation
@@ -170,6 +171,14 @@ def test_a_round_logs_its_row_in_one_logger_call_and_never_through_lightning_mod
     assert trainer.callback_metrics["comm/bits_total"].dtype == torch.float64
     assert float(trainer.callback_metrics["train/loss"]) == training[-1][1]["train/loss"]
     assert trainer.progress_bar_metrics["round"] == 3.0
+    assert float(trainer.logged_metrics["comm/bits_total"]) == 3 * bits
+
+
+def test_a_round_row_value_that_is_not_a_number_is_named() -> None:
+    with pytest.raises(TypeError, match="'method/note' is a str"):
+        round_row_values({"train/loss": 0.5, "method/note": "diverged"})
+    with pytest.raises(ValueError, match="'model/p' has 3 elements"):
+        round_row_values({"model/p": torch.zeros(3)})
 
 
 def test_the_round_row_reaches_the_loggers_at_the_trainers_cadence() -> None:

@@ -13,6 +13,7 @@ and passes them to every logger at the cadence ``Trainer(log_every_n_steps=...)`
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Collection, Mapping
 
 import lightning as L
@@ -33,6 +34,8 @@ def round_row_values(row: Mapping[str, float | int | Tensor]) -> dict[str, float
     for name, value in row.items():
         if isinstance(value, Tensor) and value.numel() != 1:
             raise ValueError(f"The round metric {name!r} has {value.numel()} elements; a round row holds scalars.")
+        if not isinstance(value, (Tensor, numbers.Real)):
+            raise TypeError(f"The round metric {name!r} is a {type(value).__name__}; a round row holds numbers.")
         values[name] = float(value)
     return values
 
@@ -46,21 +49,21 @@ def log_round_row(
 ) -> None:
     """Publish round ``round_idx``'s row (0-based) as ``self.log(name, value, on_step=True)`` would.
 
-    Every value lands in ``trainer.callback_metrics`` and ``trainer.logged_metrics`` (as a
-    float64 tensor), the names in ``prog_bar`` in ``trainer.progress_bar_metrics``, and the row
-    goes to each logger with ``epoch`` added, at step ``round_idx``, when Lightning would have
-    logged that step (every ``log_every_n_steps``-th round, or when the trainer stops).
+    Every value lands in ``trainer.callback_metrics`` (as a float64 tensor) and the names in
+    ``prog_bar`` in ``trainer.progress_bar_metrics``. When Lightning would have logged the step
+    (every ``log_every_n_steps``-th round, or when the trainer stops) the row also goes to
+    ``trainer.logged_metrics`` and to each logger, with ``epoch`` added, at step ``round_idx``.
     """
     values = round_row_values(row)
     if not values:
         return
     tensors = {name: torch.tensor(value, dtype=torch.float64) for name, value in values.items()}
     trainer.callback_metrics.update(tensors)
-    trainer.logged_metrics.update(tensors)
     trainer.progress_bar_metrics.update({name: values[name] for name in prog_bar if name in values})
     every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Trainer.__init__
     if not trainer.loggers or every == 0 or ((round_idx + 1) % every and not trainer.should_stop):
         return
+    trainer.logged_metrics.update(tensors)
     payload = {**values, "epoch": trainer.current_epoch}
     for logger in trainer.loggers:
         logger.log_metrics(payload, step=round_idx)
