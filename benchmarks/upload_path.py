@@ -6,11 +6,14 @@ After six local SGD steps at batch 10 (so caches hold what a real client leaves 
 arm folds the client's weights into the round's sums ``--calls`` times; the median over
 ``--repeats`` interleaved repetitions is printed per call. Arms:
 
-* ``engine``: what the engine does for a plain FedAvg upload: the flat copy of the weights
-  minus the broadcast (``flat_parameters(model).sub_(received)``), the finiteness sum, and the
-  float64 fold (``WeightedMean.accumulate``);
-* ``float32_codec``: the plain uplink's real bitstream, encoded and decoded (``Float32Codec``),
-  which the engine also pays between the difference and the fold;
+* ``engine``: what the engine does for a plain FedAvg upload: the weights minus the broadcast
+  written in one pass (``flat_difference``), the finiteness sum, the message's bitstream
+  (``Float32Codec.encode``; the float32 wire reproduces the upload, so it is not decoded), and
+  the float64 fold (``WeightedMean.accumulate``, numba's compiled loop at this size);
+* ``engine_before``: the same as the engine did it until 2026-12-03 noon: a flat copy of the
+  weights, the broadcast subtracted in place, the bitstream encoded and decoded, and the fold
+  through ``Tensor.add_``;
+* ``float32_codec``: the plain uplink's bitstream alone, encoded and decoded;
 * ``peer``: the suite's plain peer: ``buf.add_(p, alpha=n_i)`` per tensor into float32 buffers;
 * ``flat_float32``: the engine's flat difference folded into a float32 sum instead;
 * ``difference_only``: the difference written tensor by tensor into a preallocated flat buffer;
@@ -28,7 +31,7 @@ import torch
 
 from fedlightning.compression.codecs import Float32Codec
 from fedlightning.federated.aggregators import WeightedMean
-from fedlightning.federated.params import assign_flat_, flat_parameters
+from fedlightning.federated.params import assign_flat_, flat_difference, flat_parameters
 from fedlightning.models import build_model
 
 
@@ -61,9 +64,17 @@ def main() -> None:
     codec = Float32Codec()
 
     def engine() -> None:
+        upload = flat_difference(model, received)
+        float(upload.sum())
+        codec.encode(upload)
+        float64_sums.accumulate(upload, weight=60.0)
+
+    def engine_before() -> None:
         upload = flat_parameters(model).sub_(received)
         float(upload.sum())
-        float64_sums.accumulate(upload, weight=60.0)
+        decoded = codec.encode(upload).decode()
+        float64_sums.sums[:dim].add_(decoded, alpha=60.0)
+        float64_sums.sums[dim] += 60.0
 
     def float32_codec() -> None:
         codec.encode(difference).decode()
@@ -82,6 +93,7 @@ def main() -> None:
 
     arms: dict[str, Callable[[], None]] = {
         "engine": engine,
+        "engine_before": engine_before,
         "float32_codec": float32_codec,
         "peer": peer,
         "flat_float32": flat_float32,

@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from fedlightning.compression.codecs import BFloat16Codec, BitPackCodec, Float16Codec, Float32Codec
+from fedlightning.federated.channel import Channel
 from fedlightning.federated.message import Message
+from fedlightning.federated.params import flat_difference, flat_parameters
+from fedlightning.federated.payloads import Payload
+from fedlightning.federated.state import ClientStateStore
 from fedlightning.models import build_model
 
 MNISTFC_PARAMS = 784 * 300 + 300 + 300 * 100 + 100 + 100 * 10 + 10  # 266,610
@@ -55,3 +59,33 @@ def test_bitpack_refuses_non_binary_values() -> None:
 def test_message_rejects_padding_beyond_one_byte() -> None:
     with pytest.raises(ValueError, match="whole bytes"):
         Message(payload=b"\x00\x00", num_bits=3, codec=BitPackCodec(), shape=(3,))
+
+
+def _bits(x: torch.Tensor) -> list[int]:
+    return x.view(torch.int32).tolist()
+
+
+def test_the_float32_uplink_hands_on_exactly_the_bits_its_message_decodes_to() -> None:
+    # The plain float32 uplink does not rerun the decoder: what it hands to the aggregator must
+    # be the message's decoded bits, signed zeros, a subnormal, the largest float and a NaN included.
+    x = torch.tensor([0.1, -0.0, 0.0, 1e-41, -3.4028235e38, float("nan"), float("-inf")])
+    channel = Channel(direction="uplink", payload=Payload.MODEL_DELTA, codec=Float32Codec(), method="test")
+    message, decoded = channel.send(x, client_id=0, generator=None, state=ClientStateStore())
+    assert message.num_bits == 32 * 7 and message.payload == x.numpy().tobytes()
+    assert _bits(decoded) == _bits(message.decode()) == _bits(x)
+
+
+def test_the_float16_uplink_hands_on_its_decoded_message_not_the_sent_tensor() -> None:
+    x = torch.tensor([0.1, 1e5, 1e-41])
+    channel = Channel(direction="uplink", payload=Payload.MODEL_DELTA, codec=Float16Codec(), method="test")
+    message, decoded = channel.send(x, client_id=0, generator=None, state=ClientStateStore())
+    assert torch.equal(decoded, message.decode())
+    assert decoded.tolist() == [float(torch.tensor(0.1).half()), float("inf"), 0.0]
+
+
+def test_the_flat_difference_is_the_flat_weights_minus_the_reference() -> None:
+    model = build_model("mnistfc", input_shape=(1, 28, 28), num_classes=10)
+    reference = torch.randn(MNISTFC_PARAMS, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(flat_difference(model, reference), flat_parameters(model) - reference)
+    with pytest.raises(ValueError, match="A model with 266610 parameters has no difference with a vector of 5"):
+        flat_difference(model, torch.zeros(5))

@@ -54,6 +54,19 @@ class DenseCodec:
         """Bits of a message with ``numel`` coordinates."""
         return self.bits_per_coordinate * numel
 
+    def reproduces(self, x: Tensor) -> bool:
+        """Whether decoding ``x``'s message gives ``x`` back bit for bit (float32 on the float32 wire).
+
+        The payload then holds ``x``'s own bytes, so a sender that keeps ``x`` need not decode.
+
+        >>> x = torch.tensor([0.1, -3e38, float("nan")])
+        >>> Float32Codec().reproduces(x), Float16Codec().reproduces(x)
+        (True, False)
+        >>> torch.equal(Float32Codec().encode(x).decode().view(torch.int32), x.view(torch.int32))
+        True
+        """
+        return self.dtype == torch.float32 and x.dtype == torch.float32
+
 
 class Float32Codec(DenseCodec):
     """Dense float32: 32 bits per coordinate, lossless for float32 tensors."""

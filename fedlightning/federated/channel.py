@@ -210,12 +210,15 @@ class Channel:
     ) -> tuple[Message, Tensor]:
         """The message that carries ``x`` and the tensor the receiver decodes from it (decoded once).
 
+        A codec that :meth:`~fedlightning.compression.codecs.DenseCodec.reproduces` ``x`` (float32
+        on the float32 wire) is not decoded: ``x`` itself is what decoding would return, bit for bit.
         ``generator`` is the sender's compression stream (only an attached operator draws from
         it; ``None`` is fine without one); ``state`` holds error-feedback memory.
         """
         if self.compressor is None:
             message = self.codec.encode(x)
-            return message, message.decode()
+            reproduces = getattr(self.codec, "reproduces", None)  # a lossless wire: decoding gives x's bits
+            return message, (x.detach().reshape(message.shape) if reproduces and reproduces(x) else message.decode())
         if generator is None:
             raise ValueError(f"The {self.direction} operator {self.compressor.name} needs the sender's random stream.")
         op = self.operator(x.numel())

@@ -71,7 +71,7 @@ from fedlightning.federated.divergence import DivergenceError, DivergencePolicy,
 from fedlightning.federated.hooks import ClientSampler, Direction, FederatedCallback, UploadChoice, Verdict
 from fedlightning.federated.local_step import clear_grads_, sgd_step_, steps_in_place
 from fedlightning.federated.message import Message
-from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters, set_flat_grad_
+from fedlightning.federated.params import assign_flat_, flat_difference, flat_parameters, num_parameters, set_flat_grad_
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER, torch_generator
 from fedlightning.federated.round_row import log_round_row
@@ -493,7 +493,7 @@ class FederatedModule(L.LightningModule):
             batch_loss=lambda x, y: self.local_loss(model, x, y),
             after_step=lambda: self.on_local_step_end(model),
         )
-        upload = flat_parameters(model).sub_(received)  # w_k − w in the new flat copy (no second vector)
+        upload = flat_difference(model, received)  # w_k − w, one pass per parameter
         return ClientResult(upload=upload, num_samples=done.num_samples, loss=done.loss)
 
     # ------------------------------------------------------------------ the local-training routine

@@ -16,6 +16,26 @@ def flat_parameters(module: nn.Module) -> Tensor:
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
+def flat_difference(module: nn.Module, reference: Tensor) -> Tensor:
+    """A new 1-D tensor ``flat_parameters(module) − reference``, written in one pass per parameter.
+
+    >>> layer = nn.Linear(2, 1)
+    >>> torch.equal(flat_difference(layer, torch.ones(3)), flat_parameters(layer) - 1)
+    True
+    """
+    out = torch.empty(reference.numel(), dtype=reference.dtype, device=reference.device)
+    offset = 0
+    with torch.no_grad():
+        for p in module.parameters():
+            n = p.numel()
+            if offset + n <= out.numel():
+                torch.sub(p.reshape(-1), reference[offset : offset + n], out=out[offset : offset + n])
+            offset += n
+    if offset != reference.numel():
+        raise ValueError(f"A model with {offset} parameters has no difference with a vector of {reference.numel()}.")
+    return out
+
+
 def assign_flat_(module: nn.Module, flat: Tensor) -> None:
     """Copy ``flat`` into the parameters of ``module`` in place."""
     offset = 0
