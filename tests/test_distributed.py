@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,14 +21,16 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
+from fedlightning.federated.cohort import deal_by_load
 from fedlightning.run import run
 
 QUIET = ["logger=none", "trainer.enable_progress_bar=false"]
 PROBE = "+callbacks.held_out._target_=tests.held_out_probe.CountHeldOut"
+SHARES = "+callbacks.shares._target_=tests.share_probe.RecordShares"
 CASES = {
-    "fedavg": ["rounds=2", PROBE],
+    "fedavg": ["rounds=2", PROBE, SHARES],
     "fedadam_uniform": ["rounds=2", "method=fedadam", "sampler=uniform", "clients_per_round=5"],
-    "top_k_error_feedback": ["rounds=2", "compressor=top_k_ef", "sampler=uniform", "clients_per_round=6"],
+    "top_k_error_feedback": ["rounds=2", "compressor=top_k_ef", "sampler=uniform", "clients_per_round=6", SHARES],
     "fedavg_ocs": ["rounds=2", "sampler=ocs", "clients_per_round=3"],
     "diana": ["+experiment=diana_digits_quick", "rounds=3", "eval_every=3", "compressor=natural_dithering"],
     "federated_zampling": [
@@ -101,10 +104,31 @@ def test_two_processes_reproduce_one_process_bits_and_accuracy(
         seen = [json.loads((tmp_path / "two" / f"held_out_{r}.json").read_text())["samples"] for r in (0, 1)]
         (total,) = [json.loads((tmp_path / "one" / "held_out_0.json").read_text())["samples"]]
         assert sum(seen) == total and abs(seen[0] - seen[1]) <= 1, (seen, total)
+    if SHARES in overrides:
+        check_shares(tmp_path / "two", dealt=case == "fedavg")
     a, b = final_state(tmp_path / "one"), final_state(tmp_path / "two")
     assert a.keys() == b.keys()
     for name in a:  # float64 sums: summation order moves the float32 result by at most a few ulps
         assert torch.allclose(a[name].float(), b[name].float(), rtol=1e-5, atol=1e-6), name
+
+
+def check_shares(folder: Path, *, dealt: bool) -> None:
+    """Each round's cohort is split between the processes: by local steps (FedAvg), else by client id mod 2."""
+    shares = [json.loads((folder / f"shares_{rank}.json").read_text()) for rank in (0, 1)]
+    with (folder / "clients.csv").open() as handle:
+        steps = {int(row["client"]): math.ceil(int(row["samples"]) / 32) for row in csv.DictReader(handle)}
+    for round_idx in shares[0]:
+        mine, theirs = shares[0][round_idx], shares[1][round_idx]
+        assert not set(mine) & set(theirs)
+        if not dealt:
+            assert all(c % 2 == 0 for c in mine) and all(c % 2 == 1 for c in theirs), (mine, theirs)
+            continue
+        cohort = sorted(mine + theirs)  # full participation: clients 0-9, in order
+        parts = deal_by_load([steps[c] for c in cohort], 2)
+        assert mine == [c for c, p in zip(cohort, parts, strict=True) if p == 0]
+        loads = [sum(steps[c] for c in share) for share in (mine, theirs)]
+        by_id = [sum(steps[c] for c in cohort if c % 2 == r) for r in (0, 1)]
+        assert max(loads) <= max(by_id), (loads, by_id)  # never worse than the split by client id
 
 
 def test_plain_ddp_strategy_counts_each_message_once_and_first_process_writes(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,12 @@ from fedlightning.compression.codecs import BitPackCodec
 from fedlightning.datamodules import DigitsDataModule, IIDPartition
 from fedlightning.errors import NonFiniteLossError
 from fedlightning.federated.batches import local_batches
+from fedlightning.federated.cohort import Cohort, deal_by_load
 from fedlightning.federated.message import Message
 from fedlightning.federated.module import FederatedModule
 from fedlightning.federated.params import assign_flat_, flat_parameters
-from fedlightning.federated.rng import stream_seed
+from fedlightning.federated.rng import SERVER, stream_seed
+from fedlightning.federated.state import ClientStateStore
 from fedlightning.methods import FedAvg
 from fedlightning.models import LogisticRegression
 from fedlightning.sampling import FullParticipation, UniformSampler
@@ -187,3 +190,36 @@ def test_models_with_buffers_are_refused() -> None:
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10), torch.nn.BatchNorm1d(10))
     with pytest.raises(ValueError, match="GroupNorm"):
         FederatedModule(model=model, datamodule=_datamodule())
+
+
+def _on_process(method: type[FederatedModule], rank: int) -> type[FederatedModule]:
+    """``method`` as process ``rank`` of 2 sees itself (no trainer needed for share_of)."""
+    return type(f"{method.__name__}On{rank}", (method,), {"world_size": 2, "process_rank": rank})
+
+
+def test_a_stateless_method_deals_the_cohort_by_local_steps_and_a_stateful_one_by_client_id() -> None:
+    dm = DigitsDataModule(num_clients=6, seed=0)  # Dirichlet sizes: unequal local steps
+    dm.setup("fit")
+    cohort = Cohort(round_idx=0, client_ids=(5, 0, 3, 1, 4, 2), inclusion_probabilities=torch.ones(6))
+    steps = {c: math.ceil(dm.client_sizes[c] / 32) for c in cohort.client_ids}
+    shares = []
+    for rank in (0, 1):
+        module = _on_process(FedAvg, rank)(
+            model=LogisticRegression(in_features=64, num_classes=10), datamodule=dm, batch_size=32
+        )
+        assert module.deals_cohort and module.client_load(3) == steps[3]
+        shares.append(module.share_of(cohort))
+    parts = deal_by_load([steps[c] for c in cohort.client_ids], 2)
+    assert shares == [[c for c, p in zip(cohort.client_ids, parts, strict=True) if p == r] for r in (0, 1)]
+    assert sorted(shares[0] + shares[1]) == list(range(6))
+    stateful = type("KeepsState", (FedAvg,), {"stateless_clients": False})
+    by_id = _on_process(stateful, 1)(model=LogisticRegression(in_features=64, num_classes=10), datamodule=dm)
+    assert not by_id.deals_cohort and by_id.share_of(cohort) == [5, 3, 1]  # odd ids, in cohort order
+
+
+def test_the_client_state_store_refuses_client_entries_while_clients_are_dealt() -> None:
+    store = ClientStateStore()
+    store.refusal = "the cohort is dealt by load"
+    store.set(SERVER, "h", torch.zeros(2))  # the server's state is kept
+    with pytest.raises(RuntimeError, match="Client 3's state 'memory' cannot be kept: the cohort is dealt by load"):
+        store.set(3, "memory", torch.zeros(2))

@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+
+def deal_by_load(loads: Sequence[float], parts: int) -> list[int]:
+    """The part (process) of each item, dealt longest first to the least-loaded part.
+
+    Graham's longest-processing-time rule: items in decreasing load (ties in listed order), each
+    to the part with the least load so far (ties to the lowest part). Its largest part is at
+    most 4/3 of the best possible; with equal loads it deals them round robin.
+
+    >>> deal_by_load([60, 60, 60, 60, 60], 2)
+    [0, 1, 0, 1, 0]
+    >>> deal_by_load([5, 3, 3, 2, 2, 1], 2)  # parts of load 8 each
+    [0, 1, 1, 0, 1, 0]
+    """
+    if parts < 1:
+        raise ValueError(f"Cannot deal into {parts} parts.")
+    order = sorted(range(len(loads)), key=lambda i: -loads[i])  # stable: ties keep their order
+    heap = [(0.0, part) for part in range(parts)]
+    assigned = [0] * len(loads)
+    for i in order:
+        load, part = heapq.heappop(heap)
+        assigned[i] = part
+        heapq.heappush(heap, (load + float(loads[i]), part))
+    return assigned
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,11 @@ again (client state rolled back) or skipped (failure injection:
 non-finite or exploding loss, aggregate or server state stops the run with one sentence.
 
 Processes (Lightning DDP): client ``i`` is always trained by process ``i mod world_size``, so
-its per-client state stays on one process; the cohort and every random stream depend on
-(seed, round, client, purpose) only, never on the number of processes.
+its per-client state stays on one process; a method with :attr:`~FederatedModule.stateless_clients`
+and no error-feedback memory instead has each round's cohort dealt to the processes by load
+(:func:`~fedlightning.federated.cohort.deal_by_load`), so no process waits for a larger share.
+The cohort and every random stream depend on (seed, round, client, purpose) only, never on
+the number of processes.
 
 Clients train one reused model hidden from the module registry, so it is not checkpointed,
 not wrapped by DDP and never aliases the global weights; local steps use plain
@@ -66,7 +69,7 @@ from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import ESTIMATORS, Aggregator, Estimator, WeightedMean
 from fedlightning.federated.batches import local_batches
 from fedlightning.federated.channel import Channel, DownlinkChannel
-from fedlightning.federated.cohort import Cohort
+from fedlightning.federated.cohort import Cohort, deal_by_load
 from fedlightning.federated.divergence import DivergenceError, DivergencePolicy, exploded
 from fedlightning.federated.hooks import ClientSampler, Direction, FederatedCallback, UploadChoice, Verdict
 from fedlightning.federated.local_step import clear_grads_, sgd_step_, steps_in_place
@@ -242,6 +245,9 @@ class FederatedModule(L.LightningModule):
     """A client's share w_i: n_i / n (FedAvg) or 1 / N (methods whose objective is (1/N) Σ f_i)."""
     supported_aggregation: ClassVar[tuple[Estimator, ...]] = ESTIMATORS
     """The estimators this method's server step is defined for."""
+    stateless_clients: ClassVar[bool] = False
+    """True: the method keeps no per-client state, so with several processes the cohort is dealt
+    by load (:meth:`share_of`); the client-state store then refuses per-client entries."""
     client_metric_names: tuple[str, ...] = ()
     """Names of the per-client diagnostics in :attr:`ClientResult.metrics` (logged as round means);
     a method may set them per instance, before training."""
@@ -401,12 +407,30 @@ class FederatedModule(L.LightningModule):
         return self._phase_probability[client_id]
 
     def holds_client(self, client_id: int) -> bool:
-        """Whether this process trains ``client_id`` (client i lives on process i mod world size)."""
+        """Whether ``client_id``'s state lives on this process (client i on process i mod world size)."""
         return client_id % self.world_size == self.process_rank
+
+    @property
+    def deals_cohort(self) -> bool:
+        """Whether the cohort is dealt to the processes by load, not by client id.
+
+        Only for :attr:`stateless_clients` methods without error-feedback memory and with more
+        than one process; the client-state store then refuses per-client entries.
+        """
+        return self.world_size > 1 and self.stateless_clients and not self.uplink_channel.error_feedback
+
+    def client_load(self, client_id: int) -> float:
+        """The local steps ``client_id`` takes in a round (what :meth:`share_of` balances)."""
+        if self.local_steps is not None:
+            return float(self.local_steps)
+        return float(math.ceil(self.datamodule.client_sizes[client_id] / self.batch_size) * self.local_epochs)
 
     def share_of(self, cohort: Cohort) -> list[int]:
         """The cohort members this process trains, in cohort order."""
-        return [cid for cid in cohort.client_ids if self.holds_client(cid)]
+        if not self.deals_cohort:
+            return [cid for cid in cohort.client_ids if self.holds_client(cid)]
+        parts = deal_by_load([self.client_load(cid) for cid in cohort.client_ids], self.world_size)
+        return [cid for cid, part in zip(cohort.client_ids, parts, strict=True) if part == self.process_rank]
 
     # ------------------------------------------------------------------ method hooks: server
     def server_parameters(self) -> list[nn.Parameter]:
@@ -615,6 +639,12 @@ class FederatedModule(L.LightningModule):
         for cb in rnd.callbacks:
             cb.on_round_start(self.trainer, self, rnd.round_idx)
         self._budget_callbacks = [cb for cb in rnd.callbacks if cb.cuts_local_steps]
+        self.client_state.refusal = (
+            f"{type(self).__name__} declares stateless_clients, so its cohort is dealt to the processes by "
+            "load; set stateless_clients = False on a method that keeps per-client state"
+            if self.deals_cohort
+            else None
+        )
         self._round_optimizer = resolved_optimizer_factory(self.client_optimizer, self.client_model)
         self._select(rnd)
         broadcast_state, broadcast = self._broadcast(rnd)

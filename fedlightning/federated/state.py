@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedlightning.federated.rng import SERVER
+
 __all__ = ["ClientStateStore", "state_bytes"]
 
 
@@ -72,6 +74,8 @@ class ClientStateStore:
         self._on_disk: set[int] = set()  # clients with a current file (used only when not in memory)
         self.spilled_total = 0
         """Clients written to disk so far (for tests and logs)."""
+        self.refusal: str | None = None
+        """Why per-client entries are refused (the engine sets it when clients are dealt across processes)."""
 
     # ------------------------------------------------------------------ access
     def _entries(self, client_id: int, create: bool) -> dict[str, Any] | None:
@@ -102,7 +106,12 @@ class ClientStateStore:
         return client[key]
 
     def set(self, client_id: int, key: str, value: Any) -> None:
-        """Store ``value`` for ``client_id`` under ``key``."""
+        """Store ``value`` for ``client_id`` under ``key``.
+
+        While :attr:`refusal` is set, a client's entry (not the server's) stops with it.
+        """
+        if self.refusal is not None and client_id != SERVER:
+            raise RuntimeError(f"Client {client_id}'s state {key!r} cannot be kept: {self.refusal}.")
         client = self._entries(client_id, create=True)
         assert client is not None
         client[key] = value

@@ -19,3 +19,5 @@ from fedlightning.federated.module import FederatedModule
 
 class FedAvg(FederatedModule):
     """Federated averaging with a configurable server optimiser (FedAvg, FedAvgM, FedOpt)."""
+
+    stateless_clients = True  # a client starts every round from the broadcast and keeps nothing
