@@ -9,10 +9,10 @@ arm folds the client's weights into the round's sums ``--calls`` times; the medi
 * ``engine``: what the engine does for a plain FedAvg upload: the weights minus the broadcast
   written in one pass (``flat_difference``), the finiteness sum, the message's bitstream
   (``Float32Codec.encode``; the float32 wire reproduces the upload, so it is not decoded), and
-  the float64 fold (``WeightedMean.accumulate``, numba's compiled loop at this size);
+  the float64 fold (``WeightedMean.accumulate``);
 * ``engine_before``: the same as the engine did it until 2026-12-03 noon: a flat copy of the
-  weights, the broadcast subtracted in place, the bitstream encoded and decoded, and the fold
-  through ``Tensor.add_``;
+  weights, the broadcast subtracted in place, the bitstream encoded and decoded, and the same
+  fold;
 * ``float32_codec``: the plain uplink's bitstream alone, encoded and decoded;
 * ``peer``: the suite's plain peer: ``buf.add_(p, alpha=n_i)`` per tensor into float32 buffers;
 * ``flat_float32``: the engine's flat difference folded into a float32 sum instead;

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedlightning.federated import aggregation as agg
-from fedlightning.federated.aggregators import COMPILED_FOLD_MIN_NUMEL, WeightedMean, fold_, participation_weights
+from fedlightning.federated.aggregators import WeightedMean, participation_weights
 from fedlightning.federated.server_optim import FedOpt
 
 
@@ -35,40 +35,6 @@ def test_weighted_mean_reduces_two_shares_to_the_whole() -> None:
         (first if k < 2 else second).accumulate(x, weight=k + 1.0)
     first.all_reduce(lambda t: t + second.packed())
     assert first.count == 3 and torch.equal(first.result(), whole.result())
-
-
-@pytest.mark.parametrize("numel", [COMPILED_FOLD_MIN_NUMEL - 1, COMPILED_FOLD_MIN_NUMEL + 5])
-def test_the_fold_rounds_each_product_to_float64_once_then_adds(numel: int) -> None:
-    # Both sides of the threshold (two tensor operations below it, the compiled loop from it on) give the
-    # bits of sums + weight * float64(x): one rounding for the product, one for the sum.
-    gen = torch.Generator().manual_seed(0)
-    sums = torch.randn(numel, dtype=torch.float64, generator=gen)
-    expected = sums.clone()
-    for k in range(6):
-        x = torch.randn(numel, generator=gen) * 10.0 ** (3 * k - 9)
-        x[:3] = torch.tensor([0.0, -0.0, 1e-41])  # zeros and a subnormal
-        weight = 0.1 + 7.0 * k
-        fold_(sums, x, weight)
-        expected = expected + weight * x.double()
-    assert torch.equal(sums, expected)
-
-
-def test_the_compiled_fold_refuses_sums_of_another_length() -> None:
-    with pytest.raises(ValueError, match=f"Cannot fold {COMPILED_FOLD_MIN_NUMEL} values into sums of 3"):
-        fold_(torch.zeros(3, dtype=torch.float64), torch.zeros(COMPILED_FOLD_MIN_NUMEL), 1.0)
-
-
-def test_a_weighted_mean_of_large_uploads_equals_the_float64_formula() -> None:
-    gen = torch.Generator().manual_seed(1)
-    uploads = [torch.randn(COMPILED_FOLD_MIN_NUMEL, generator=gen) for _ in range(3)]
-    weights = [60.0, 20.0, 0.5]
-    mean = WeightedMean(dim=COMPILED_FOLD_MIN_NUMEL, normalise=True)
-    for x, w in zip(uploads, weights, strict=True):
-        mean.accumulate(x, weight=w)
-    total = sum(w * x.double() for x, w in zip(uploads, weights, strict=True))
-    assert isinstance(total, torch.Tensor)
-    assert torch.equal(mean.weighted_sum(), total)
-    assert mean.total_weight == 80.5
 
 
 def test_fedopt_moments_by_hand() -> None:

@@ -30,49 +30,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["Aggregator", "Estimator", "WeightedMean", "fold_", "participation_weights"]
+__all__ = ["Aggregator", "Estimator", "WeightedMean", "participation_weights"]
 
 Estimator = Literal["normalised", "unbiased"]
 Reduce = Callable[[Tensor], Tensor]
 ESTIMATORS: tuple[Estimator, ...] = ("normalised", "unbiased")
-COMPILED_FOLD_MIN_NUMEL = 1 << 16
-"""Uploads from this many entries on are folded by :mod:`fedlightning.federated.fold_kernel`.
-
-The compiled loop saves about a nanosecond per entry over ``Tensor.add_``; importing numba
-costs about 0.2 s once, so small models (the digits default, 4,810 weights) never load it.
-"""
-
-
-def fold_(sums: Tensor, x: Tensor, weight: float) -> None:
-    """``sums += weight · x`` in place, the product rounded to ``sums``' dtype once and then added.
-
-    Written without a fused multiply-add (``Tensor.add_(x, alpha=weight)`` fuses one on CPUs
-    that have it, which changes the last bit of some sums), so every machine and both paths
-    give the same float64 sums: contiguous CPU float32 uploads of at least
-    :data:`COMPILED_FOLD_MIN_NUMEL` entries go through the compiled loop, everything else
-    through two tensor operations.
-
-    >>> sums = torch.zeros(2, dtype=torch.float64)
-    >>> fold_(sums, torch.tensor([1.0, 0.1]), 3.0)
-    >>> sums.tolist() == [3.0, 3 * float(torch.tensor(0.1))]
-    True
-    """
-    x = x.detach().reshape(-1)
-    if sums.shape != x.shape:
-        raise ValueError(f"Cannot fold {x.numel()} values into sums of {sums.numel()}.")
-    if (
-        x.numel() >= COMPILED_FOLD_MIN_NUMEL
-        and sums.device.type == x.device.type == "cpu"
-        and sums.dtype == torch.float64
-        and x.dtype == torch.float32
-        and sums.is_contiguous()
-        and x.is_contiguous()
-    ):
-        from fedlightning.federated.fold_kernel import fold_float32  # numba: imported on the first large upload
-
-        fold_float32(sums.numpy(), x.numpy(), float(weight))
-    else:
-        sums.add_(x.to(sums.device, sums.dtype) * float(weight))
 
 
 def participation_weights(shares: Tensor, inclusion_probabilities: Tensor, estimator: Estimator) -> Tensor:
@@ -152,7 +114,7 @@ class WeightedMean(Aggregator):
         flat = decoded.reshape(-1)
         if flat.numel() != self.dim:
             raise ValueError(f"An upload of {flat.numel()} entries reached an aggregator of dimension {self.dim}.")
-        fold_(self.sums[: self.dim], flat, float(weight))  # float32 read into float64
+        self.sums[: self.dim].add_(flat.to(self.sums.device), alpha=float(weight))  # float32 read into float64
         self.sums[self.dim] += float(weight if mass is None else mass)
         self.count += 1
 
