@@ -1,4 +1,4 @@
-"""A callback for the 2-process tests: which clients each process trained in each round."""
+"""For the 2-process tests: which clients each process trained, and a method that breaks the dealing's rule."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from torch import Tensor
 
 from fedlightning.federated.hooks import FederatedCallback
+from fedlightning.methods import FedAvg
 
 
 class RecordShares(FederatedCallback):
@@ -23,3 +25,10 @@ class RecordShares(FederatedCallback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = Path(trainer.default_root_dir) / f"shares_{trainer.global_rank}.json"
         path.write_text(json.dumps(self.shares))
+
+
+class FedAvgKeepingState(FedAvg):
+    """A FedAvg subclass that stores per-client state without unsetting ``stateless_clients`` (a mistake)."""
+
+    def on_upload_decoded(self, *, client_id: int, round_idx: int, decoded: Tensor) -> None:
+        self.client_state.set(client_id, "last_upload_norm", decoded.norm().reshape(1))

@@ -112,6 +112,21 @@ def test_two_processes_reproduce_one_process_bits_and_accuracy(
         assert torch.allclose(a[name].float(), b[name].float(), rtol=1e-5, atol=1e-6), name
 
 
+def test_a_stateless_method_that_keeps_client_state_stops_with_two_processes(tmp_path: Path) -> None:
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    env.pop("LOCAL_RANK", None)
+    method = "method._target_=tests.share_probe.FedAvgKeepingState"
+    command = [sys.executable, "-m", "fedlightning.cli", *QUIET, "rounds=1", method, "trainer=ddp"]
+    done = subprocess.run(
+        [*command, f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("fedlightning: error:")]
+    assert 1 <= len(errors) <= 2 and "Traceback" not in done.stderr, done.stderr[-3000:]  # a sentence per process
+    for line in errors:
+        assert "FedAvgKeepingState declares stateless_clients" in line and "set stateless_clients = False" in line
+
+
 def check_shares(folder: Path, *, dealt: bool) -> None:
     """Each round's cohort is split between the processes: by local steps (FedAvg), else by client id mod 2."""
     shares = [json.loads((folder / f"shares_{rank}.json").read_text()) for rank in (0, 1)]

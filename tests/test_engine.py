@@ -15,7 +15,7 @@ from torch import Tensor
 from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.compression.codecs import BitPackCodec
 from fedlightning.datamodules import DigitsDataModule, IIDPartition
-from fedlightning.errors import NonFiniteLossError
+from fedlightning.errors import ConfigError, NonFiniteLossError
 from fedlightning.federated.batches import local_batches
 from fedlightning.federated.cohort import Cohort, deal_by_load
 from fedlightning.federated.message import Message
@@ -221,5 +221,5 @@ def test_the_client_state_store_refuses_client_entries_while_clients_are_dealt()
     store = ClientStateStore()
     store.refusal = "the cohort is dealt by load"
     store.set(SERVER, "h", torch.zeros(2))  # the server's state is kept
-    with pytest.raises(RuntimeError, match="Client 3's state 'memory' cannot be kept: the cohort is dealt by load"):
+    with pytest.raises(ConfigError, match="Client 3's state 'memory' cannot be kept: the cohort is dealt by load"):
         store.set(3, "memory", torch.zeros(2))

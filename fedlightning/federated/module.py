@@ -639,12 +639,6 @@ class FederatedModule(L.LightningModule):
         for cb in rnd.callbacks:
             cb.on_round_start(self.trainer, self, rnd.round_idx)
         self._budget_callbacks = [cb for cb in rnd.callbacks if cb.cuts_local_steps]
-        self.client_state.refusal = (
-            f"{type(self).__name__} declares stateless_clients, so its cohort is dealt to the processes by "
-            "load; set stateless_clients = False on a method that keeps per-client state"
-            if self.deals_cohort
-            else None
-        )
         self._round_optimizer = resolved_optimizer_factory(self.client_optimizer, self.client_model)
         self._select(rnd)
         broadcast_state, broadcast = self._broadcast(rnd)
@@ -1086,6 +1080,12 @@ class FederatedModule(L.LightningModule):
         elif self.vectorised_cohort not in (False, "auto"):
             raise ConfigError(f"vectorised_cohort is auto, true or false (got {self.vectorised_cohort!r}).")
         self.client_model.to(self.device)
+        self.client_state.refusal = (  # channels are attached (callbacks' setup) by now
+            f"{type(self).__name__} declares stateless_clients, so its cohort is dealt to the processes by "
+            "load; set stateless_clients = False on a method that keeps per-client state"
+            if self.deals_cohort
+            else None
+        )
         if self.trainer.val_check_interval and self.trainer.check_val_every_n_epoch is not None:
             rank_zero_warn("Set trainer.check_val_every_n_epoch=null so that evaluation counts rounds.")
 

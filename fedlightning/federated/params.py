@@ -23,16 +23,16 @@ def flat_difference(module: nn.Module, reference: Tensor) -> Tensor:
     >>> torch.equal(flat_difference(layer, torch.ones(3)), flat_parameters(layer) - 1)
     True
     """
-    out = torch.empty(reference.numel(), dtype=reference.dtype, device=reference.device)
+    size = num_parameters(module)
+    if size != reference.numel():
+        raise ValueError(f"A model with {size} parameters has no difference with a vector of {reference.numel()}.")
+    out = torch.empty_like(reference)
     offset = 0
     with torch.no_grad():
         for p in module.parameters():
             n = p.numel()
-            if offset + n <= out.numel():
-                torch.sub(p.reshape(-1), reference[offset : offset + n], out=out[offset : offset + n])
+            torch.sub(p.reshape(-1), reference[offset : offset + n], out=out[offset : offset + n])
             offset += n
-    if offset != reference.numel():
-        raise ValueError(f"A model with {offset} parameters has no difference with a vector of {reference.numel()}.")
     return out
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedlightning.errors import ConfigError
 from fedlightning.federated.rng import SERVER
 
 __all__ = ["ClientStateStore", "state_bytes"]
@@ -111,7 +112,7 @@ class ClientStateStore:
         While :attr:`refusal` is set, a client's entry (not the server's) stops with it.
         """
         if self.refusal is not None and client_id != SERVER:
-            raise RuntimeError(f"Client {client_id}'s state {key!r} cannot be kept: {self.refusal}.")
+            raise ConfigError(f"Client {client_id}'s state {key!r} cannot be kept: {self.refusal}.")
         client = self._entries(client_id, create=True)
         assert client is not None
         client[key] = value
