@@ -32,6 +32,7 @@ CASES = {
     "fedadam_uniform": ["rounds=2", "method=fedadam", "sampler=uniform", "clients_per_round=5"],
     "top_k_error_feedback": ["rounds=2", "compressor=top_k_ef", "sampler=uniform", "clients_per_round=6", SHARES],
     "fedavg_ocs": ["rounds=2", "sampler=ocs", "clients_per_round=3"],
+    "fedshuffle_unequal_epochs": ["rounds=2", "method=fedshuffle", "method.local_epochs=[1,4]", SHARES],
     "diana": ["+experiment=diana_digits_quick", "rounds=3", "eval_every=3", "compressor=natural_dithering"],
     "federated_zampling": [
         "rounds=2",
@@ -105,7 +106,8 @@ def test_two_processes_reproduce_one_process_bits_and_accuracy(
         (total,) = [json.loads((tmp_path / "one" / "held_out_0.json").read_text())["samples"]]
         assert sum(seen) == total and abs(seen[0] - seen[1]) <= 1, (seen, total)
     if SHARES in overrides:
-        check_shares(tmp_path / "two", dealt=case == "fedavg")
+        epochs = (1, 2, 3, 4) if case == "fedshuffle_unequal_epochs" else (1,)
+        check_shares(tmp_path / "two", dealt=case != "top_k_error_feedback", epochs=epochs)
     a, b = final_state(tmp_path / "one"), final_state(tmp_path / "two")
     assert a.keys() == b.keys()
     for name in a:  # float64 sums: summation order moves the float32 result by at most a few ulps
@@ -127,23 +129,29 @@ def test_a_stateless_method_that_keeps_client_state_stops_with_two_processes(tmp
         assert "FedAvgKeepingState declares stateless_clients" in line and "set stateless_clients = False" in line
 
 
-def check_shares(folder: Path, *, dealt: bool) -> None:
-    """Each round's cohort is split between the processes: by local steps (FedAvg), else by client id mod 2."""
+def check_shares(folder: Path, *, dealt: bool, epochs: tuple[int, ...] = (1,)) -> None:
+    """Each round's cohort is split between the processes: by load (stateless methods), else by client id mod 2.
+
+    A client's load is its local steps: ``epochs`` (one of them) passes over its data in batches of 32.
+    """
     shares = [json.loads((folder / f"shares_{rank}.json").read_text()) for rank in (0, 1)]
     with (folder / "clients.csv").open() as handle:
         steps = {int(row["client"]): math.ceil(int(row["samples"]) / 32) for row in csv.DictReader(handle)}
-    for round_idx in shares[0]:
-        mine, theirs = shares[0][round_idx], shares[1][round_idx]
-        assert not set(mine) & set(theirs)
+    for round_idx, first in shares[0].items():
+        second = shares[1][round_idx]
+        assert first["cohort"] == second["cohort"] and first["loads"] == second["loads"]  # one deal on both
+        cohort, loads, mine, theirs = first["cohort"], first["loads"], first["trained"], second["trained"]
+        assert sorted(mine + theirs) == sorted(cohort) and not set(mine) & set(theirs)
         if not dealt:
             assert all(c % 2 == 0 for c in mine) and all(c % 2 == 1 for c in theirs), (mine, theirs)
             continue
-        cohort = sorted(mine + theirs)  # full participation: clients 0-9, in order
-        parts = deal_by_load([steps[c] for c in cohort], 2)
+        assert all(load in {steps[c] * e for e in epochs} for c, load in zip(cohort, loads, strict=True))
+        parts = deal_by_load(loads, 2)
         assert mine == [c for c, p in zip(cohort, parts, strict=True) if p == 0]
-        loads = [sum(steps[c] for c in share) for share in (mine, theirs)]
-        by_id = [sum(steps[c] for c in cohort if c % 2 == r) for r in (0, 1)]
-        assert max(loads) <= max(by_id), (loads, by_id)  # never worse than the split by client id
+        load_of = dict(zip(cohort, loads, strict=True))
+        dealt_loads = [sum(load_of[c] for c in share) for share in (mine, theirs)]
+        by_id = [sum(load_of[c] for c in cohort if c % 2 == r) for r in (0, 1)]
+        assert max(dealt_loads) <= max(by_id), (dealt_loads, by_id)  # never worse than the split by client id
 
 
 def test_plain_ddp_strategy_counts_each_message_once_and_first_process_writes(tmp_path: Path) -> None:

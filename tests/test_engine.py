@@ -10,6 +10,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from hydra.utils import get_class
 from torch import Tensor
 
 from fedlightning.callbacks.accounting import CommunicationAccountant
@@ -23,8 +24,9 @@ from fedlightning.federated.module import FederatedModule
 from fedlightning.federated.params import assign_flat_, flat_parameters
 from fedlightning.federated.rng import SERVER, stream_seed
 from fedlightning.federated.state import ClientStateStore
-from fedlightning.methods import FedAvg
+from fedlightning.methods import FedAvg, FedShuffle
 from fedlightning.models import LogisticRegression
+from fedlightning.run import run
 from fedlightning.sampling import FullParticipation, UniformSampler
 from tests.conftest import round_trainer
 
@@ -207,7 +209,7 @@ def test_a_stateless_method_deals_the_cohort_by_local_steps_and_a_stateful_one_b
         module = _on_process(FedAvg, rank)(
             model=LogisticRegression(in_features=64, num_classes=10), datamodule=dm, batch_size=32
         )
-        assert module.deals_cohort and module.client_load(3) == steps[3]
+        assert module.deals_cohort and module.cohort_loads(cohort) == [steps[c] for c in cohort.client_ids]
         shares.append(module.share_of(cohort))
     parts = deal_by_load([steps[c] for c in cohort.client_ids], 2)
     assert shares == [[c for c, p in zip(cohort.client_ids, parts, strict=True) if p == r] for r in (0, 1)]
@@ -215,6 +217,60 @@ def test_a_stateless_method_deals_the_cohort_by_local_steps_and_a_stateful_one_b
     stateful = type("KeepsState", (FedAvg,), {"stateless_clients": False})
     by_id = _on_process(stateful, 1)(model=LogisticRegression(in_features=64, num_classes=10), datamodule=dm)
     assert not by_id.deals_cohort and by_id.share_of(cohort) == [5, 3, 1]  # odd ids, in cohort order
+
+
+def test_fedshuffle_deals_its_cohort_by_the_local_steps_of_each_clients_drawn_epochs() -> None:
+    dm = DigitsDataModule(num_clients=6, seed=0)
+    dm.setup("fit")
+    cohort = Cohort(round_idx=3, client_ids=(5, 0, 3, 1, 4, 2), inclusion_probabilities=torch.ones(6))
+    shares = []
+    for rank in (0, 1):
+        module = _on_process(FedShuffle, rank)(
+            model=LogisticRegression(in_features=64, num_classes=10), datamodule=dm, batch_size=32, local_epochs=[1, 5]
+        )
+        epochs = [module.client_epochs(client_id=c, round_idx=3) for c in cohort.client_ids]
+        steps = [math.ceil(dm.client_sizes[c] / 32) * e for c, e in zip(cohort.client_ids, epochs, strict=True)]
+        assert module.cohort_loads(cohort) == steps
+        shares.append(module.share_of(cohort))
+    assert len(set(epochs)) > 1  # the clients' work differs
+    parts = deal_by_load(steps, 2)
+    assert shares == [[c for c, p in zip(cohort.client_ids, parts, strict=True) if p == r] for r in (0, 1)]
+
+
+# Every method config whose class declares stateless_clients, with what it needs on the digits default.
+STATELESS_METHODS = {
+    "fedavg": [],
+    "fedadam": [],
+    "fedavg_prune": [],
+    "fediht": [],
+    "dcsgd": ["model=digits_logreg"],
+    "eflops": [],
+    "fedshuffle": ["method.local_epochs=[1,3]"],
+    "fednova": [],
+    "fjord": ["model=digits_mlp"],
+    "efd": ["model=digits_mlp", "method.width=0.8"],
+}
+
+
+def test_the_stateless_list_names_every_method_config_that_declares_stateless_clients(make_config: Any) -> None:
+    declared = set()
+    for path in sorted((Path(__file__).parents[1] / "configs" / "method").glob("*.yaml")):
+        target = make_config([f"method={path.stem}"]).method._target_
+        if get_class(target).stateless_clients:
+            declared.add(get_class(target).__name__)
+    listed = {get_class(make_config([f"method={m}"]).method._target_).__name__ for m in STATELESS_METHODS}
+    assert listed == declared
+
+
+@pytest.mark.parametrize("method", sorted(STATELESS_METHODS))
+def test_a_method_that_declares_stateless_clients_keeps_no_client_state(
+    method: str, make_config: Any, tmp_path: Path
+) -> None:
+    overrides = ["rounds=2", f"method={method}", *STATELESS_METHODS[method], "logger=none"]
+    overrides += ["trainer.enable_progress_bar=false", "sampler=uniform", "clients_per_round=5"]
+    run(make_config(overrides), tmp_path)
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert set(checkpoint["client_state"]) <= {SERVER}  # the server's entries only: dealing moves no client's
 
 
 def test_the_client_state_store_refuses_client_entries_while_clients_are_dealt() -> None:

@@ -419,17 +419,22 @@ class FederatedModule(L.LightningModule):
         """
         return self.world_size > 1 and self.stateless_clients and not self.uplink_channel.error_feedback
 
-    def client_load(self, client_id: int) -> float:
-        """The local steps ``client_id`` takes in a round (what :meth:`share_of` balances)."""
+    def cohort_loads(self, cohort: Cohort) -> list[float]:
+        """The local steps each cohort member takes in its round, in cohort order (what :meth:`share_of` balances).
+
+        The default counts ``local_steps``, else ``local_epochs`` passes in batches of ``batch_size``;
+        a method whose local work differs per client or round overrides it.
+        """
         if self.local_steps is not None:
-            return float(self.local_steps)
-        return float(math.ceil(self.datamodule.client_sizes[client_id] / self.batch_size) * self.local_epochs)
+            return [float(self.local_steps)] * len(cohort.client_ids)
+        sizes = self.datamodule.client_sizes
+        return [float(math.ceil(sizes[cid] / self.batch_size) * self.local_epochs) for cid in cohort.client_ids]
 
     def share_of(self, cohort: Cohort) -> list[int]:
         """The cohort members this process trains, in cohort order."""
         if not self.deals_cohort:
             return [cid for cid in cohort.client_ids if self.holds_client(cid)]
-        parts = deal_by_load([self.client_load(cid) for cid in cohort.client_ids], self.world_size)
+        parts = deal_by_load(self.cohort_loads(cohort), self.world_size)
         return [cid for cid, part in zip(cohort.client_ids, parts, strict=True) if part == self.process_rank]
 
     # ------------------------------------------------------------------ method hooks: server

@@ -159,6 +159,8 @@ class GradientMethod(FederatedModule):
 class DCSGD(GradientMethod):
     """Distributed (compressed) SGD; see the module docstring for the step-size rules."""
 
+    stateless_clients = True  # a gradient at the broadcast x; error-feedback memory keeps the split by id
+
     def on_fit_start(self) -> None:
         super().on_fit_start()
         if self.lr_setting != "auto":

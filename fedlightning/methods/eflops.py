@@ -565,6 +565,7 @@ class EFLoPS(FederatedModule):
     downlink_payload = Payload.GATED_SPARSE
     sets_server_state = True
     client_weighting = "samples"
+    stateless_clients = True  # weights and gates start from the broadcast; the dual variable is the server's
     supported_aggregation: ClassVar[tuple[Estimator, ...]] = ("normalised",)
     """A rebuilt state is a mean of the clients' states: dividing by p_i would rescale it."""
     client_metric_names = ("eflops/local_density",)

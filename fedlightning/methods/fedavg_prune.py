@@ -53,6 +53,8 @@ class FedAvgPrune(FederatedModule):
         **kwargs: the :class:`FederatedModule` arguments.
     """
 
+    stateless_clients = True  # dense FedAvg clients; pruning happens on the server's model only
+
     def __init__(self, *, density: float, scope: Literal["global", "layer"] = "global", **kwargs: Any) -> None:
         try:
             num_kept(density, num_parameters(kwargs["model"]))

@@ -98,6 +98,7 @@ class FedIHT(FederatedModule):
     downlink_payload = Payload.SPARSE_MODEL
     sets_server_state = True
     client_weighting = "samples"
+    stateless_clients = True  # a client trains from the broadcast H_τ(x) and keeps nothing
     supported_aggregation: ClassVar[tuple[Estimator, ...]] = ("normalised",)
     """The new state is a mean of *models*: Σ (w_i/p_i) x_i would rescale the model itself."""
 

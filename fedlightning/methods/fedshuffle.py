@@ -58,6 +58,7 @@ from typing_extensions import override
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import Aggregator
 from fedlightning.federated.batches import local_batches
+from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.module import FederatedModule, ParamsT
 
 __all__ = [
@@ -270,6 +271,8 @@ class FedShuffle(FederatedModule):
             (``local_steps`` must stay ``None``: local work is set by epochs).
     """
 
+    stateless_clients = True  # E_i is drawn from the client's stream for the round; nothing is kept
+
     def __init__(
         self,
         *,
@@ -354,6 +357,12 @@ class FedShuffle(FederatedModule):
             )
             for cid in client_ids
         }
+
+    @override
+    def cohort_loads(self, cohort: Cohort) -> list[float]:
+        """K_i of every cohort member: the local steps of its drawn epochs (what the processes balance)."""
+        plan = self.work_plan(round_idx=cohort.round_idx, client_ids=cohort.client_ids)
+        return [float(plan[cid].steps) for cid in cohort.client_ids]
 
     def local_work(self, *, client_id: int, round_idx: int) -> LocalWork:
         """This client's work in the round in progress (its cohort is the engine's ``round_cohort``)."""

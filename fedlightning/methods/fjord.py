@@ -253,6 +253,7 @@ class FjORD(FederatedModule):
     """
 
     per_client_downlink = True
+    stateless_clients = True  # a client's width comes from its tier and its round stream; nothing is kept
     supported_aggregation = ("normalised",)
     fixed_slices: ClassVar[bool] = True
     """Every client sends the same coordinates every round (False: random sub-models)."""
