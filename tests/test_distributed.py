@@ -55,9 +55,14 @@ SAMPLED_METRICS = (
     "test/acc_best_mask",
 )
 
-# Beyond the suite's time budget (run with -m slow): FedNova's step sums, and the sub-model
-# methods (per-client slices, slice-wise sums, random eFD sub-models per client).
+# Beyond the suite's time budget (run with -m slow): FedNova's step sums, the sub-model
+# methods (per-client slices, slice-wise sums, random eFD sub-models per client), and the other
+# methods whose cohorts are dealt by load.
 SLOW_CASES = {
+    "fedavg_prune": ["rounds=2", "method=fedavg_prune", "sampler=uniform", "clients_per_round=6"],
+    "fediht": ["rounds=2", "method=fediht", "sampler=uniform", "clients_per_round=6"],
+    "eflops": ["rounds=2", "method=eflops", "sampler=uniform", "clients_per_round=6"],
+    "dcsgd": ["rounds=3", "method=dcsgd", "model=digits_logreg", "compressor=natural_dithering"],
     "fednova_heterogeneous_epochs": ["rounds=2", "method=fednova", "sampler=uniform", "clients_per_round=5"],
     "fjord": ["rounds=2", "method=fjord", "model=digits_mlp", "sampler=uniform", "clients_per_round=6"],
     "efd": ["rounds=2", "method=efd", "method.width=0.8", "model=digits_mlp", "sampler=uniform", "clients_per_round=6"],
