@@ -279,3 +279,6 @@ def test_the_client_state_store_refuses_client_entries_while_clients_are_dealt()
     store.set(SERVER, "h", torch.zeros(2))  # the server's state is kept
     with pytest.raises(ConfigError, match="Client 3's state 'memory' cannot be kept: the cohort is dealt by load"):
         store.set(3, "memory", torch.zeros(2))
+    with pytest.raises(ConfigError, match="Client 4's state 'shift' cannot be kept"):
+        store.get_or_init(4, "shift", lambda: torch.zeros(2))
+    assert list(store.clients()) == [SERVER]  # nothing was written for either client

@@ -99,9 +99,8 @@ class ClientStateStore:
         return default if entries is None else entries.get(key, default)
 
     def get_or_init(self, client_id: int, key: str, init: Callable[[], Any]) -> Any:
-        """The stored value, creating it with ``init()`` on first use."""
-        client = self._entries(client_id, create=True)
-        assert client is not None
+        """The stored value, creating it with ``init()`` on first use (refused as :meth:`set` is)."""
+        client = self._writable(client_id, key)
         if key not in client:
             client[key] = init()
         return client[key]
@@ -111,11 +110,15 @@ class ClientStateStore:
 
         While :attr:`refusal` is set, a client's entry (not the server's) stops with it.
         """
+        self._writable(client_id, key)[key] = value
+
+    def _writable(self, client_id: int, key: str) -> dict[str, Any]:
+        """``client_id``'s entries, to write ``key`` into; stops with :attr:`refusal` for a client."""
         if self.refusal is not None and client_id != SERVER:
             raise ConfigError(f"Client {client_id}'s state {key!r} cannot be kept: {self.refusal}.")
         client = self._entries(client_id, create=True)
         assert client is not None
-        client[key] = value
+        return client
 
     def retain(self, keep: Callable[[int], bool]) -> None:
         """Drop the state of every client for which ``keep(client_id)`` is false."""
