@@ -24,7 +24,7 @@ from fedlightning.federated.module import FederatedModule
 from fedlightning.federated.params import assign_flat_, flat_parameters
 from fedlightning.federated.rng import SERVER, stream_seed
 from fedlightning.federated.state import ClientStateStore
-from fedlightning.methods import FedAvg, FedShuffle
+from fedlightning.methods import DCSGD, FedAvg, FedShuffle
 from fedlightning.models import LogisticRegression
 from fedlightning.run import run
 from fedlightning.sampling import FullParticipation, UniformSampler
@@ -235,6 +235,19 @@ def test_fedshuffle_deals_its_cohort_by_the_local_steps_of_each_clients_drawn_ep
     assert len(set(epochs)) > 1  # the clients' work differs
     parts = deal_by_load(steps, 2)
     assert shares == [[c for c, p in zip(cohort.client_ids, parts, strict=True) if p == r] for r in (0, 1)]
+
+
+@pytest.mark.parametrize("full_gradient", [True, False])
+def test_dcsgd_balances_the_samples_its_one_gradient_reads(full_gradient: bool) -> None:
+    dm = DigitsDataModule(num_clients=6, seed=0)  # Dirichlet sizes
+    dm.setup("fit")
+    cohort = Cohort(round_idx=0, client_ids=(5, 0, 3), inclusion_probabilities=torch.ones(3))
+    module = DCSGD(
+        model=LogisticRegression(in_features=64, num_classes=10), datamodule=dm, lr=0.1, full_gradient=full_gradient
+    )
+    sizes = [dm.client_sizes[c] for c in cohort.client_ids]
+    expected = sizes if full_gradient else [min(32, n) for n in sizes]
+    assert module.cohort_loads(cohort) == expected
 
 
 # Every method config whose class declares stateless_clients, with what it needs on the digits default.

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from fedlightning.errors import ConfigError
 from fedlightning.federated.channel import ChannelMetadata
+from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.module import ClientResult, FederatedModule
 from fedlightning.federated.params import assign_flat_, num_parameters
 from fedlightning.federated.payloads import Payload
@@ -87,6 +88,13 @@ class GradientMethod(FederatedModule):
         self.full_gradient = bool(full_gradient)
         self.log_objective = bool(log_objective)
         self.objective_history: list[float] = []
+
+    def cohort_loads(self, cohort: Cohort) -> list[float]:
+        """The samples each member's one gradient reads: all of its data, or one mini-batch."""
+        sizes = self.datamodule.client_sizes
+        if self.full_gradient:
+            return [float(sizes[cid]) for cid in cohort.client_ids]
+        return [float(min(self.batch_size, sizes[cid])) for cid in cohort.client_ids]
 
     # ------------------------------------------------------------------ objective pieces
     def local_loss(self, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
