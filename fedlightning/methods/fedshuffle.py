@@ -361,15 +361,18 @@ class FedShuffle(FederatedModule):
     @override
     def cohort_loads(self, cohort: Cohort) -> list[float]:
         """K_i of every cohort member: the local steps of its drawn epochs (what the processes balance)."""
-        plan = self.work_plan(round_idx=cohort.round_idx, client_ids=cohort.client_ids)
+        plan = self.round_plan(round_idx=cohort.round_idx, client_ids=cohort.client_ids)
         return [float(plan[cid].steps) for cid in cohort.client_ids]
+
+    def round_plan(self, *, round_idx: int, client_ids: tuple[int, ...]) -> dict[int, LocalWork]:
+        """:meth:`work_plan`, drawn once per round and cohort (the deal, every client and the metrics ask)."""
+        if self._plan is None or self._plan[:2] != (round_idx, client_ids):
+            self._plan = (round_idx, client_ids, self.work_plan(round_idx=round_idx, client_ids=client_ids))
+        return self._plan[2]
 
     def local_work(self, *, client_id: int, round_idx: int) -> LocalWork:
         """This client's work in the round in progress (its cohort is the engine's ``round_cohort``)."""
-        cohort = self.round_cohort.client_ids
-        if self._plan is None or self._plan[:2] != (round_idx, cohort):
-            self._plan = (round_idx, cohort, self.work_plan(round_idx=round_idx, client_ids=cohort))
-        return self._plan[2][client_id]
+        return self.round_plan(round_idx=round_idx, client_ids=self.round_cohort.client_ids)[client_id]
 
     @override
     def client_batches(self, *, client_id: int, round_idx: int, num_samples: int) -> Any:
@@ -418,7 +421,7 @@ class FedShuffle(FederatedModule):
         τ_eff / τ_i under FedNova.
         """
         cohort = self.round_cohort
-        plan = self.work_plan(round_idx=round_idx, client_ids=cohort.client_ids)
+        plan = self.round_plan(round_idx=round_idx, client_ids=cohort.client_ids)
         sizes = torch.tensor(self.datamodule.client_sizes, dtype=torch.float64)
         shares = sizes / sizes.sum()
         ids = torch.tensor(cohort.client_ids)
@@ -441,7 +444,7 @@ class FedShuffle(FederatedModule):
         sums = sums.cpu()
         sizes = torch.tensor(self.datamodule.client_sizes, dtype=torch.float64)
         w_hat = sums / sums.sum()
-        plan = self.work_plan(round_idx=round_idx, client_ids=self.round_cohort.client_ids)
+        plan = self.round_plan(round_idx=round_idx, client_ids=self.round_cohort.client_ids)
         return {
             "diag/objective_weight_tv": total_variation(w_hat, sizes / sizes.sum()),
             "diag/local_steps_mean": sum(w.steps for w in plan.values()) / len(plan),
