@@ -139,6 +139,20 @@ RUN_CASES = {
     ),
     "negative Dirichlet alpha": (["partition.alpha=-1"], ["partition.alpha"]),
     "model for other inputs": (["model=mnistfc"], ["model=mnistfc expects 784 input features"]),
+    # Fed-IHT broadcasts a hard-thresholded model of its own: the refusal points to its codec under
+    # either scheme, not from one scheme to the other.
+    "downlink operator on an own broadcast (Algorithm 1)": (
+        ["method=fediht", "downlink=natural"],
+        ["FedIHT's downlink payload (hard-thresholded model) is not one the downlink compressor natural", "downlink=none"],
+    ),
+    "downlink operator on an own broadcast (replica)": (
+        ["method=fediht", "downlink=natural", "downlink.scheme=replica"],
+        ["FedIHT's downlink payload (hard-thresholded model) is not one the downlink compressor natural", "downlink=none"],
+    ),
+    "optimal sampling that samples nothing": (
+        ["sampler=ocs", "clients_per_round=10"],
+        ["sampler=ocs expects clients_per_round=10 uploaders out of a 10-client cohort", "lower clients_per_round"],
+    ),
 }
 
 
