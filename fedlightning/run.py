@@ -52,7 +52,7 @@ from fedlightning.run_folder import (
     write_record,
     write_text_atomic,
 )
-from fedlightning.schema import validate_config
+from fedlightning.schema import refuse_unread_overrides, validate_config
 from fedlightning.tracking import flat_config, log_results, run_labels
 
 log = logging.getLogger("fedlightning")
@@ -140,6 +140,7 @@ def run(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     validate_config(cfg)
+    refuse_unread_overrides(cfg, overrides)
     manage = int(getattr(rank_zero_only, "rank", 0)) == 0  # the first process keeps the folder
     config = run_config(cfg)
     with locked(output_dir) if manage else contextlib.nullcontext():

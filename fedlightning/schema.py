@@ -48,12 +48,22 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from fedlightning.errors import ConfigError
 
-__all__ = ["GROUPS", "TrainSchema", "check_target_node", "close_match", "validate_config", "validate_top_level"]
+__all__ = [
+    "GROUPS",
+    "TrainSchema",
+    "check_target_node",
+    "close_match",
+    "refuse_unread_overrides",
+    "validate_config",
+    "validate_top_level",
+]
 
 #: Config groups whose node is one ``_target_`` node.
 GROUPS = ("method", "data", "partition", "sampler", "compressor", "downlink", "failures", "divergence", "trainer")
 #: Config groups whose node maps names to ``_target_`` nodes.
 NAMED_GROUPS = ("logger", "callbacks")
+#: Top-level keys that only exist to be interpolated (``${clients_per_round}``) into a group node.
+INTERPOLATED_KEYS = ("clients_per_round",)
 #: Keys Hydra's ``instantiate`` reads itself.
 HYDRA_KEYS = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
 
@@ -169,6 +179,35 @@ def validate_config(cfg: DictConfig) -> None:
             child = _get(node, name, f"{group}.{name}")
             if isinstance(child, DictConfig) and "_target_" in child:
                 check_target_node(child, f"{group}.{name}")
+
+
+def refuse_unread_overrides(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """Refuse a command-line override of a top-level key that no node of ``cfg`` reads.
+
+    Keys of :data:`INTERPOLATED_KEYS` act only through ``${key}`` in a group node: with
+    ``sampler=full`` no node reads ``clients_per_round``, so ``clients_per_round=4`` would train
+    every client each round without a word. A default left as it is never counts.
+
+    >>> cfg = OmegaConf.create({"clients_per_round": 4, "sampler": {"_target_": "a.Full"}})
+    >>> refuse_unread_overrides(cfg, ["seed=1"])
+    >>> refuse_unread_overrides(cfg, ["clients_per_round=4"])
+    Traceback (most recent call last):
+    ...
+    fedlightning.errors.ConfigError: clients_per_round=4 would change nothing: no node of this config uses ${clients_per_round} (the sampler is Full); choose a sampler that takes it, e.g. sampler=uniform, or drop the override.
+    """
+    raw = None
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        if key not in INTERPOLATED_KEYS or key not in cfg:
+            continue
+        raw = repr(OmegaConf.to_container(cfg, resolve=False)) if raw is None else raw
+        if "${" + key + "}" not in raw:
+            sampler = cfg.get("sampler")
+            target = str(sampler.get("_target_", "?")).rsplit(".", 1)[-1] if isinstance(sampler, DictConfig) else "?"
+            raise ConfigError(
+                f"{key}={value} would change nothing: no node of this config uses ${{{key}}} (the sampler is "
+                f"{target}); choose a sampler that takes it, e.g. sampler=uniform, or drop the override."
+            )
 
 
 def validate_top_level(cfg: DictConfig) -> None:

@@ -209,6 +209,17 @@ def test_run_refuses_before_training(
     assert not (tmp_path / "summary.json").exists()
 
 
+def test_an_override_no_node_reads_is_refused_before_training(composer: Composer, tmp_path: Path) -> None:
+    # sampler=full trains every client; clients_per_round=4 would have been dropped without a word.
+    overrides = ["rounds=1", "clients_per_round=4"]
+    with pytest.raises(ConfigError, match=r"^clients_per_round=4 would change nothing: .*\(the sampler is FullParticipation\)"):
+        run(composer(overrides), tmp_path, overrides=overrides)
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "checkpoints").exists()
+    partial = [*overrides, "sampler=uniform"]
+    summary = run(composer(partial), tmp_path / "uniform", overrides=partial)
+    assert summary["comm/uplink_messages"] == 4  # one round, 4 uploaders
+
+
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "WANDB_MODE": "disabled"}
     env.pop("HYDRA_FULL_ERROR", None)
