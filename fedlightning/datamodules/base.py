@@ -133,6 +133,8 @@ class FederatedDataModule(L.LightningDataModule):
     #: dtype the features are stored in after ``_load``; ``None`` keeps the loaded dtype
     #: (e.g. ``uint8`` pixels or character indices, converted per batch by ``transform``).
     feature_dtype: torch.dtype | None = torch.float32
+    #: True when an input is a window of token ids (an embedding's input), not features.
+    token_inputs: bool = False
     #: True for generated data (the samples themselves change with ``seed``): a saved partition
     #: is then reused only under the seed it was saved with.
     data_depends_on_seed: bool = False

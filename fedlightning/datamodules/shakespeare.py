@@ -214,6 +214,7 @@ class ShakespeareDataModule(FederatedDataModule):
     num_classes = 90
     input_shape = (SEQ_LEN,)
     feature_dtype = None  # keep uint8 ids; ``transform`` gives int64 per batch
+    token_inputs = True
 
     def __init__(
         self,

@@ -62,9 +62,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
 
 def _char_lstm(shape: tuple[int, ...], k: int, **options: Any) -> nn.Module:
     if len(shape) != 1:
-        raise ValueError(
-            f"model=char_lstm expects character windows of shape (length,) (got {shape}); use data=shakespeare."
-        )
+        raise ValueError(f"model=char_lstm expects windows of shape (length,) (got {shape}); use data=shakespeare.")
     return CharLSTM(vocab_size=k, **options)  # FedAvg/LEAF Shakespeare LSTM, arXiv:1602.05629
 
 
@@ -90,6 +88,7 @@ def build_model(
     num_classes: int,
     hidden: Sequence[int] | None = None,
     data_name: str | None = None,
+    token_inputs: bool | None = None,
     **options: Any,
 ) -> nn.Module:
     """Build a preset model for inputs of ``input_shape`` and ``num_classes`` classes.
@@ -110,6 +109,9 @@ def build_model(
         num_classes: Output logits.
         hidden: Hidden widths, only for ``mlp``.
         data_name: Data set name, used in error messages.
+        token_inputs: Whether the inputs are windows of token ids (character ids), which only
+            the presets of :data:`SEQUENCE_PRESETS` embed, or features, which every other preset
+            takes; a preset that does not fit is refused (``None``: not checked).
         **options: Keyword options of the presets that take them (``model.width=32``).
 
     Returns:
@@ -123,6 +125,14 @@ def build_model(
     features = math.prod(shape)
     if name not in PRESETS:
         raise ValueError(f"model={name} is unknown; choose one of {', '.join(PRESETS)}.")
+    data = f"data={data_name}" if data_name else "the data"
+    if token_inputs is not None and token_inputs != (name in SEQUENCE_PRESETS):
+        if token_inputs:
+            raise ValueError(
+                f"model={name} takes features but {data} gives windows of token ids (shape {shape}); "
+                f"choose {' or '.join(f'model={p}' for p in SEQUENCE_PRESETS)}."
+            )
+        raise ValueError(f"model={name} embeds token ids but {data} gives features (shape {shape}); use data=shakespeare.")
     if name in _OPTION_BUILDERS:
         if hidden is not None:
             options["hidden"] = hidden
@@ -136,7 +146,6 @@ def build_model(
         raise ValueError(f"model.hidden only applies to model=mlp (got model={name}); remove model.hidden.")
     expected = FIXED_INPUT.get(name)
     if expected is not None and expected != features:
-        data = f"data={data_name}" if data_name else "the data"
         fits = [f"model={p}" for p, n in FIXED_INPUT.items() if n == features] + ["model=mlp"]
         raise ValueError(
             f"model={name} expects {expected} input features but {data} provides {features} "
