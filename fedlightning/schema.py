@@ -184,17 +184,24 @@ def validate_config(cfg: DictConfig) -> None:
 def refuse_unread_overrides(cfg: DictConfig, overrides: Sequence[str]) -> None:
     """Refuse a command-line override of a top-level key that no node of ``cfg`` reads.
 
-    Keys of :data:`INTERPOLATED_KEYS` act only through ``${key}`` in a group node: with
-    ``sampler=full`` no node reads ``clients_per_round``, so ``clients_per_round=4`` would train
-    every client each round without a word. A default left as it is never counts.
+    Keys of :data:`INTERPOLATED_KEYS` act only through ``${key}`` in a group node: under the
+    default ``sampler=full`` (or an experiment's) no node reads ``clients_per_round``, so
+    ``clients_per_round=4`` alone would train every client each round without a word. Where
+    the overrides choose the sampler themselves (``sampler=full``, or a sweep over
+    ``sampler=full,uniform``) the key is meant for the samplers that take it and passes. A
+    default left as it is never counts.
 
     >>> cfg = OmegaConf.create({"clients_per_round": 4, "sampler": {"_target_": "a.Full"}})
     >>> refuse_unread_overrides(cfg, ["seed=1"])
+    >>> refuse_unread_overrides(cfg, ["sampler=full", "clients_per_round=4"])
     >>> refuse_unread_overrides(cfg, ["clients_per_round=4"])
     Traceback (most recent call last):
     ...
     fedlightning.errors.ConfigError: clients_per_round=4 would change nothing: no node of this config uses ${clients_per_round} (the sampler is Full); choose a sampler that takes it, e.g. sampler=uniform, or drop the override.
     """
+    keys = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    if "sampler" in keys:
+        return
     raw = None
     for override in overrides:
         key, _, value = override.lstrip("+").partition("=")

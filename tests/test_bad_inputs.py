@@ -218,6 +218,9 @@ def test_an_override_no_node_reads_is_refused_before_training(composer: Composer
     partial = [*overrides, "sampler=uniform"]
     summary = run(composer(partial), tmp_path / "uniform", overrides=partial)
     assert summary["comm/uplink_messages"] == 4  # one round, 4 uploaders
+    # Chosen on the command line (as in a sweep over sampler=full,uniform), full takes every client.
+    full = [*overrides, "sampler=full"]
+    assert run(composer(full), tmp_path / "full", overrides=full)["comm/uplink_messages"] == 10
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
