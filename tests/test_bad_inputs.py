@@ -143,11 +143,17 @@ RUN_CASES = {
     # either scheme, not from one scheme to the other.
     "downlink operator on an own broadcast (Algorithm 1)": (
         ["method=fediht", "downlink=natural"],
-        ["FedIHT's downlink payload (hard-thresholded model) is not one the downlink compressor natural", "downlink=none"],
+        [
+            "FedIHT's downlink payload (hard-thresholded model) is not one the downlink compressor natural",
+            "downlink=none",
+        ],
     ),
     "downlink operator on an own broadcast (replica)": (
         ["method=fediht", "downlink=natural", "downlink.scheme=replica"],
-        ["FedIHT's downlink payload (hard-thresholded model) is not one the downlink compressor natural", "downlink=none"],
+        [
+            "FedIHT's downlink payload (hard-thresholded model) is not one the downlink compressor natural",
+            "downlink=none",
+        ],
     ),
     "optimal sampling that samples nothing": (
         ["sampler=ocs", "clients_per_round=10"],
@@ -212,7 +218,9 @@ def test_run_refuses_before_training(
 def test_an_override_no_node_reads_is_refused_before_training(composer: Composer, tmp_path: Path) -> None:
     # sampler=full trains every client; clients_per_round=4 would have been dropped without a word.
     overrides = ["rounds=1", "clients_per_round=4"]
-    with pytest.raises(ConfigError, match=r"^clients_per_round=4 would change nothing: .*\(the sampler is FullParticipation\)"):
+    with pytest.raises(
+        ConfigError, match=r"^clients_per_round=4 would change nothing: .*\(the sampler is FullParticipation\)"
+    ):
         run(composer(overrides), tmp_path, overrides=overrides)
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "checkpoints").exists()
     partial = [*overrides, "sampler=uniform"]

@@ -188,7 +188,9 @@ def test_char_lstm_preset_counts_and_shape() -> None:
 def test_presets_refuse_inputs_of_the_other_kind() -> None:
     # An MLP would take the 80 character ids as features (and fail on their int64 dtype mid-run);
     # the LSTM would embed 80 real-valued features as ids.
-    with pytest.raises(ValueError, match=r"^model=mlp takes features but data=shakespeare gives windows of token ids .*model=char_lstm"):
+    with pytest.raises(
+        ValueError, match=r"^model=mlp takes features but data=shakespeare gives windows of token ids .*model=char_lstm"
+    ):
         build_model("mlp", input_shape=(80,), num_classes=90, data_name="shakespeare", token_inputs=True)
     with pytest.raises(ValueError, match=r"^model=char_lstm embeds token ids but data=golub gives features"):
         build_model("char_lstm", input_shape=(80,), num_classes=2, data_name="golub", token_inputs=False)

@@ -132,7 +132,9 @@ def build_model(
                 f"model={name} takes features but {data} gives windows of token ids (shape {shape}); "
                 f"choose {' or '.join(f'model={p}' for p in SEQUENCE_PRESETS)}."
             )
-        raise ValueError(f"model={name} embeds token ids but {data} gives features (shape {shape}); use data=shakespeare.")
+        raise ValueError(
+            f"model={name} embeds token ids but {data} gives features (shape {shape}); use data=shakespeare."
+        )
     if name in _OPTION_BUILDERS:
         if hidden is not None:
             options["hidden"] = hidden

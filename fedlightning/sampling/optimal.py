@@ -70,7 +70,8 @@ class OptimalClientSampler(ClientSampler):
         if self.expected_uploaders >= n:
             raise ConfigError(
                 f"sampler={self.name} expects clients_per_round={self.expected_uploaders} uploaders out of a "
-                f"{n}-client cohort, which lets every client upload and samples nothing; lower clients_per_round, or use "
+                f"{n}-client cohort, which lets every client upload and samples nothing; lower "
+                "clients_per_round, or use "
                 + ("sampler=full." if n == num_clients else f"sampler=uniform clients_per_round={n}.")
             )
 
