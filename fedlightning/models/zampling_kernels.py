@@ -26,12 +26,14 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
 __all__ = ["add_columns", "free_rmatvec", "slab_matmat", "slab_matvec", "slab_rmatvec"]
 
-_JIT = {"fastmath": True, "boundscheck": False, "nogil": True, "cache": True}
+_JIT: dict[str, Any] = {"fastmath": True, "boundscheck": False, "nogil": True, "cache": True}
 
 
 @njit(**_JIT)
