@@ -47,7 +47,7 @@ from typing_extensions import override
 
 from fedlightning.compression.operators import Compressor
 from fedlightning.errors import ConfigError
-from fedlightning.federated.channel import Channel, DownlinkChannel, IncompatiblePayloadError, ReplicaCodec
+from fedlightning.federated.channel import Channel, DownlinkChannel, ReplicaCodec
 from fedlightning.federated.hooks import FederatedCallback
 from fedlightning.federated.message import Message
 from fedlightning.federated.params import assign_flat_, flat_parameters
@@ -274,15 +274,7 @@ class DownlinkCompression(_CompressionCallback):
         cls = AggregateDownlinkChannel if self.scheme == "aggregate" else ReplicaDownlinkChannel
         if old.compressor is self.compressor:
             return
-        if old.compressed_payload not in self.compressor.accepts:
-            # Refused under either scheme: say so, rather than suggest the other scheme.
-            raise IncompatiblePayloadError(
-                method=old.method,
-                direction="downlink",
-                payload=old.payload,
-                compressor=self.compressor.name,
-                accepts=self.compressor.accepts,
-            )
+        old.check_payload(self.compressor)  # refused under either scheme: say so before naming the other
         if self.scheme == "aggregate" and isinstance(module, FederatedModule):
             own_state = (
                 type(module).broadcast_state is not FederatedModule.broadcast_state

@@ -127,6 +127,17 @@ class Channel:
         """The payload the operator sees (the uplink payload itself)."""
         return self.payload
 
+    def check_payload(self, compressor: Compressor) -> None:
+        """Stop with :class:`IncompatiblePayloadError` unless ``compressor`` accepts this channel's payload."""
+        if self.compressed_payload not in compressor.accepts:
+            raise IncompatiblePayloadError(
+                method=self.method,
+                direction=self.direction,
+                payload=self.payload,
+                compressor=compressor.name,
+                accepts=compressor.accepts,
+            )
+
     def attach(
         self,
         compressor: Compressor,
@@ -160,14 +171,7 @@ class Channel:
             raise ConfigError(
                 "The downlink replica already re-sends the compression error; downlink error feedback does not exist."
             )
-        if self.compressed_payload not in compressor.accepts:
-            raise IncompatiblePayloadError(
-                method=self.method,
-                direction=self.direction,
-                payload=self.payload,
-                compressor=compressor.name,
-                accepts=compressor.accepts,
-            )
+        self.check_payload(compressor)
         self.compressor = compressor
         self.error_feedback = bool(error_feedback)
         self.granularity = granularity
