@@ -196,7 +196,7 @@ def _run(
             input_shape=tuple(datamodule.input_shape),
             num_classes=datamodule.num_classes,
             data_name=data_name,
-            token_inputs=bool(getattr(datamodule, "token_inputs", False)),
+            token_inputs=getattr(datamodule, "token_inputs", None),  # None: a data module that does not say
         )
     module = _build(cfg.method, "method", model=model, datamodule=datamodule, seed=int(cfg.seed))
     module.vectorised_cohort = cfg.get("vectorised_cohort", "auto")

@@ -36,6 +36,7 @@ import enum
 import importlib
 import inspect
 import os
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -62,8 +63,6 @@ __all__ = [
 GROUPS = ("method", "data", "partition", "sampler", "compressor", "downlink", "failures", "divergence", "trainer")
 #: Config groups whose node maps names to ``_target_`` nodes.
 NAMED_GROUPS = ("logger", "callbacks")
-#: Top-level keys that only exist to be interpolated (``${clients_per_round}``) into a group node.
-INTERPOLATED_KEYS = ("clients_per_round",)
 #: Keys Hydra's ``instantiate`` reads itself.
 HYDRA_KEYS = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
 
@@ -182,14 +181,14 @@ def validate_config(cfg: DictConfig) -> None:
 
 
 def refuse_unread_overrides(cfg: DictConfig, overrides: Sequence[str]) -> None:
-    """Refuse a command-line override of a top-level key that no node of ``cfg`` reads.
+    """Refuse a command-line ``clients_per_round=...`` that no node of ``cfg`` reads.
 
-    Keys of :data:`INTERPOLATED_KEYS` act only through ``${key}`` in a group node: under the
-    default ``sampler=full`` (or an experiment's) no node reads ``clients_per_round``, so
-    ``clients_per_round=4`` alone would train every client each round without a word. Where
-    the overrides choose the sampler themselves (``sampler=full``, or a sweep over
-    ``sampler=full,uniform``) the key is meant for the samplers that take it and passes. A
-    default left as it is never counts.
+    The key acts only through an interpolation (``${clients_per_round}``) in the sampler's node:
+    under the default ``sampler=full`` (or an experiment's) nothing reads it, so
+    ``clients_per_round=4`` alone would train every client each round without a word. Where the
+    overrides choose the sampler themselves (``sampler=full``, or a sweep over
+    ``sampler=full,uniform``) the key is meant for the samplers that take it and passes. A default
+    left as it is never counts.
 
     >>> cfg = OmegaConf.create({"clients_per_round": 4, "sampler": {"_target_": "a.Full"}})
     >>> refuse_unread_overrides(cfg, ["seed=1"])
@@ -200,22 +199,18 @@ def refuse_unread_overrides(cfg: DictConfig, overrides: Sequence[str]) -> None:
     ...     print(str(exc)[:74])
     clients_per_round=4 would change nothing: no node of this config uses ${cl
     """
-    keys = {o.lstrip("+~").partition("=")[0] for o in overrides}
-    if "sampler" in keys:
+    parsed = [o.lstrip("+").partition("=")[::2] for o in overrides]
+    value = next((v for k, v in parsed if k == "clients_per_round"), None)
+    if value is None or any(k == "sampler" for k, _ in parsed):
         return
-    raw = None
-    for override in overrides:
-        key, _, value = override.lstrip("+").partition("=")
-        if key not in INTERPOLATED_KEYS or key not in cfg:
-            continue
-        raw = repr(OmegaConf.to_container(cfg, resolve=False)) if raw is None else raw
-        if "${" + key + "}" not in raw:
-            sampler = cfg.get("sampler")
-            target = str(sampler.get("_target_", "?")).rsplit(".", 1)[-1] if isinstance(sampler, DictConfig) else "?"
-            raise ConfigError(
-                f"{key}={value} would change nothing: no node of this config uses ${{{key}}} (the sampler is "
-                f"{target}); choose a sampler that takes it, e.g. sampler=uniform, or drop the override."
-            )
+    raw = repr(OmegaConf.to_container(cfg, resolve=False))
+    if re.search(r"\$\{[^}]*\bclients_per_round\b", raw) is None:  # ${clients_per_round}, ${oc.select:...}
+        sampler = cfg.get("sampler")
+        target = str(sampler.get("_target_", "?")).rsplit(".", 1)[-1] if isinstance(sampler, DictConfig) else "?"
+        raise ConfigError(
+            f"clients_per_round={value} would change nothing: no node of this config uses ${{clients_per_round}} "
+            f"(the sampler is {target}); choose a sampler that takes it, e.g. sampler=uniform, or drop the override."
+        )
 
 
 def validate_top_level(cfg: DictConfig) -> None:
