@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedlightning.models import MLP, PRESETS, LogisticRegression, SmallCNN, build_model
-from fedlightning.models.presets import SEQUENCE_PRESETS
+from fedlightning.models.presets import IMAGE_PRESETS, SEQUENCE_PRESETS
 
 
 def n_params(m: torch.nn.Module) -> int:
@@ -43,10 +43,27 @@ def test_logistic_preset_gives_two_logits_and_refuses_more_than_two_classes(shap
         build_model("logistic", input_shape=shape, num_classes=7)
 
 
+@pytest.mark.parametrize("name", IMAGE_PRESETS)
+def test_convolutional_presets_refuse_flat_features_naming_the_flat_models(name: str) -> None:
+    with pytest.raises(ValueError) as err:
+        build_model(name, input_shape=(3571,), num_classes=2, data_name="golub")
+    assert str(err.value) == (
+        f"model={name} is a convolutional network for images (C, H, W) but data=golub gives flat features "
+        "(shape (3571,)); choose model=mlp, model=logreg or model=logistic."
+    )
+    with pytest.raises(ValueError, match=r"\(shape \(500,\)\); choose model=mlp or model=logreg\.$"):
+        build_model(name, input_shape=(500,), num_classes=1, data_name="synthetic_regression")
+
+
+def test_logistic_preset_on_a_regression_target_says_so() -> None:
+    with pytest.raises(ValueError, match=r"the data has one regression output \(use model=logreg\)"):
+        build_model("logistic", input_shape=(500,), num_classes=1)
+
+
 def test_shape_mismatch_message() -> None:
     msg = (
         "model=mnistfc expects 784 input features but data=digits provides 64 (shape (1, 8, 8)); "
-        "choose model=digits_mlp or model=mlp"
+        "choose model=digits_mlp or model=mlp."
     )
     with pytest.raises(ValueError) as err:
         build_model("mnistfc", input_shape=(1, 8, 8), num_classes=10, data_name="digits")

@@ -21,7 +21,7 @@ from fedlightning.models.linear import BinaryLogisticRegression, LogisticRegress
 from fedlightning.models.mlp import MLP
 from fedlightning.models.resnet import ResNet18GN
 
-__all__ = ["FIXED_INPUT", "PRESETS", "SEQUENCE_PRESETS", "build_model"]
+__all__ = ["FIXED_INPUT", "IMAGE_PRESETS", "PRESETS", "SEQUENCE_PRESETS", "build_model"]
 
 #: Presets whose input width is part of their definition.
 FIXED_INPUT: dict[str, int] = {"small_mlp": 784, "mnistfc": 784, "digits_mlp": 64}
@@ -47,7 +47,8 @@ def _logreg(shape: tuple[int, ...], k: int) -> nn.Module:
 
 def _logistic(shape: tuple[int, ...], k: int) -> nn.Module:
     if k != 2:
-        raise ValueError(f"model=logistic is the one-output binary model; the data has {k} classes (use model=logreg).")
+        target = "one regression output" if k == 1 else f"{k} classes"
+        raise ValueError(f"model=logistic is the one-output binary model; the data has {target} (use model=logreg).")
     return BinaryLogisticRegression(in_features=math.prod(shape))
 
 
@@ -76,6 +77,9 @@ _OPTION_BUILDERS: dict[str, Callable[..., nn.Module]] = {
 
 #: Presets for character sequences ``(length,)`` rather than images (not image-adaptive).
 SEQUENCE_PRESETS: tuple[str, ...] = ("char_lstm",)
+
+#: Convolutional presets: they take images ``(C, H, W)``, never flat feature vectors.
+IMAGE_PRESETS: tuple[str, ...] = ("cnn", "digits_cnn", "fedavg_cnn", "conv4", "resnet18_gn")
 
 #: Every accepted preset name.
 PRESETS: tuple[str, ...] = (*_MLP_HIDDEN, "mlp", *_BUILDERS, *_OPTION_BUILDERS)
@@ -118,8 +122,9 @@ def build_model(
         The freshly initialised module.
 
     Raises:
-        ValueError: For an unknown name, ``hidden`` given to a fixed preset, or a preset
-            whose fixed input width does not match ``input_shape``.
+        ValueError: For an unknown name, ``hidden`` given to a fixed preset, a preset
+            whose fixed input width does not match ``input_shape``, a convolutional preset
+            on flat features, or a preset for the other kind of input (``token_inputs``).
     """
     shape = tuple(int(s) for s in input_shape)
     features = math.prod(shape)
@@ -134,6 +139,12 @@ def build_model(
             )
         raise ValueError(
             f"model={name} embeds token ids but {data} gives features (shape {shape}); use data=shakespeare."
+        )
+    if name in IMAGE_PRESETS and len(shape) != 3:
+        flat = ["model=mlp", "model=logreg"] + (["model=logistic"] if num_classes == 2 else [])
+        raise ValueError(
+            f"model={name} is a convolutional network for images (C, H, W) but {data} gives "
+            f"flat features (shape {shape}); choose {', '.join(flat[:-1])} or {flat[-1]}."
         )
     if name in _OPTION_BUILDERS:
         if hidden is not None:
@@ -151,7 +162,7 @@ def build_model(
         fits = [f"model={p}" for p, n in FIXED_INPUT.items() if n == features] + ["model=mlp"]
         raise ValueError(
             f"model={name} expects {expected} input features but {data} provides {features} "
-            f"(shape {shape}); choose {' or '.join(fits)}"
+            f"(shape {shape}); choose {' or '.join(fits)}."
         )
     if name in _MLP_HIDDEN:
         return MLP(in_features=features, hidden=_MLP_HIDDEN[name], num_classes=num_classes)
