@@ -76,6 +76,22 @@ def progress_text(*, score_name: str, score: float | None, uplink_bits: int | No
     return " · ".join(parts)
 
 
+def result_text(summary: dict[str, Any], *, score_name: str) -> str:
+    """The run's closing line: the test score (``nan`` only when the run has none), the exact
+    bit totals and the uplink compression against dense float32, and the wall time.
+
+    >>> result_text({"test/acc": 0.0, "comm/uplink_bits_total": 640, "comm/uplink_compression": 1.0,
+    ...              "comm/downlink_bits_total": 640, "time/wall_s": 2.04}, score_name="acc")
+    'test/acc 0.0000 | uplink 640 bits (1x vs float32) | downlink 640 bits | 2.0 s'
+    """
+    score = summary.get(f"test/{score_name}")
+    return (
+        f"test/{score_name} {float('nan') if score is None else score:.4f}"
+        f" | uplink {summary['comm/uplink_bits_total']} bits ({summary['comm/uplink_compression']:.3g}x vs float32)"
+        f" | downlink {summary['comm/downlink_bits_total']} bits | {summary['time/wall_s']:.1f} s"
+    )
+
+
 class RoundProgressBar(TQDMProgressBar):
     """One bar over the run's rounds; no validation, test or sanity-check bars.
 

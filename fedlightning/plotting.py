@@ -303,7 +303,7 @@ def group_runs(runs: Sequence[RunData], metric: str, x: str) -> list[Group]:
         else:
             finals = [run for run in members if isinstance(run.summary.get(metric), int | float)]
             if finals:
-                group.final_x = statistics.fmean(float(run.summary.get(final_x_key) or math.nan) for run in finals)
+                group.final_x = statistics.fmean(_number_or_nan(run.summary.get(final_x_key)) for run in finals)
                 group.final_mean, group.final_std = mean_std([float(run.summary[metric]) for run in finals])
                 group.runs = finals
         if not math.isnan(group.final_mean):
@@ -757,3 +757,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(markdown(header, rows))
     print(f"\nwrote {', '.join(map(str, written))}")
     print(f"{len(groups)} groups of {sum(g.seeds for g in groups)} runs; each: mean ± sample std over its seeds.")
+
+
+def _number_or_nan(value: object) -> float:
+    """``value`` as a float, NaN where a summary lacks it (a recorded 0 stays 0)."""
+    return float(value) if isinstance(value, int | float) else math.nan

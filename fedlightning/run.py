@@ -28,7 +28,7 @@ from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.callbacks.bits_accuracy import BitsVsAccuracy
 from fedlightning.callbacks.early_stopping import early_stopping_callback
 from fedlightning.checkpointing import AtomicCheckpointIO, RoundCheckpoint, scalar_metrics
-from fedlightning.console import RoundProgressBar, quiet_lightning
+from fedlightning.console import RoundProgressBar, quiet_lightning, result_text
 from fedlightning.errors import ConfigError, FedLightningError
 from fedlightning.federated.channel import IncompatiblePayloadError
 from fedlightning.federated.rng import SERVER, stream_seed
@@ -334,16 +334,7 @@ def _run(
                         metric=score,
                         targets=logger.accuracy_targets,
                     )
-        log.info(
-            "test/%s %.4f | uplink %d bits (%.3gx vs float32) | downlink %d bits | %.1f s | %s",
-            module.score_name,
-            summary.get(f"test/{module.score_name}") or float("nan"),
-            summary["comm/uplink_bits_total"],
-            summary["comm/uplink_compression"],
-            summary["comm/downlink_bits_total"],
-            summary["time/wall_s"],
-            output_dir / "summary.json",
-        )
+        log.info("%s | %s", result_text(summary, score_name=module.score_name), output_dir / "summary.json")
     finally:
         for logger in loggers:
             try:

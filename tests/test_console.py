@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from fedlightning.console import progress_text
+from fedlightning.console import progress_text, result_text
 from fedlightning.run import run
 
 from .conftest import REPO_ROOT
@@ -57,3 +57,17 @@ def test_print_config_prints_the_resolved_config(
 def test_progress_text_shows_integers_and_the_score() -> None:
     assert progress_text(score_name="acc", score=0.5, uplink_bits=1234567) == "val acc 0.5000 · uplink 1,234,567 bits"
     assert progress_text(score_name="r2", score=None, uplink_bits=7) == "uplink 7 bits"
+
+
+def test_result_text_prints_a_zero_score_as_zero_and_a_missing_one_as_nan() -> None:
+    summary = {
+        "comm/uplink_bits_total": 56_461_204_800,
+        "comm/uplink_compression": 1.0,
+        "comm/downlink_bits_total": 56_461_204_800,
+        "time/wall_s": 31.24,
+    }
+    assert result_text({**summary, "test/acc": 0.0}, score_name="acc") == (
+        "test/acc 0.0000 | uplink 56461204800 bits (1x vs float32) | downlink 56461204800 bits | 31.2 s"
+    )
+    assert result_text({**summary, "test/r2": -0.25}, score_name="r2").startswith("test/r2 -0.2500 | ")
+    assert result_text(summary, score_name="acc").startswith("test/acc nan | ")

@@ -14,7 +14,17 @@ from matplotlib.ticker import NullFormatter
 
 from fedlightning.callbacks.bits_accuracy import CURVE_FIELDS
 from fedlightning.jobs import record_success
-from fedlightning.plotting import bits_label, draw, group_runs, load_runs, main, over_axis, read_curve, table_rows
+from fedlightning.plotting import (
+    RunData,
+    bits_label,
+    draw,
+    group_runs,
+    load_runs,
+    main,
+    over_axis,
+    read_curve,
+    table_rows,
+)
 
 # (partition, seed) -> (uplink bits per evaluation, val/acc per evaluation); rounds 1, 2, 3.
 RUNS = {
@@ -184,3 +194,14 @@ def test_zampling_preset_draws_accuracy_over_m_over_n_with_seed_bands(tmp_path: 
         f"| 8 | 2 | 0.6500 ± {math.sqrt(0.005):.4f} | 125 |",
         "| 64 | 2 | 0.4000 ± 0.0000 | 15 |",
     ]
+
+
+def test_a_test_metric_group_keeps_a_recorded_zero_x_and_is_nan_only_without_one() -> None:
+    def run(partition: str, bits: int | None) -> RunData:
+        summary = {"test/acc": 0.5, **({} if bits is None else {"comm/uplink_bits_total": bits})}
+        return RunData(run_dir=partition, axes={"partition": partition}, summary=summary)
+
+    groups = group_runs([run("iid", 0), run("shards", None)], "test/acc", "uplink")
+    assert [g.axes["partition"] for g in groups] == ["iid", "shards"]
+    assert groups[0].final_x == 0.0
+    assert math.isnan(groups[1].final_x)
