@@ -16,6 +16,7 @@ from fedlightning.run import run
 
 QUICK = [
     "zampling_federated_quick",
+    "zampling_federated_mn32_quick",
     "zampling_tradeoff_quick",
     "zampling_vs_supermask_quick",
     "zampling_supermask_baseline_quick",
