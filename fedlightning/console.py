@@ -85,10 +85,11 @@ def result_text(summary: dict[str, Any], *, score_name: str) -> str:
     'test/acc 0.0000 | uplink 640 bits (1x vs float32) | downlink 640 bits | 2.0 s'
     """
     score = summary.get(f"test/{score_name}")
+    uplink, downlink = int(summary["comm/uplink_bits_total"]), int(summary["comm/downlink_bits_total"])
     return (
         f"test/{score_name} {float('nan') if score is None else score:.4f}"
-        f" | uplink {summary['comm/uplink_bits_total']} bits ({summary['comm/uplink_compression']:.3g}x vs float32)"
-        f" | downlink {summary['comm/downlink_bits_total']} bits | {summary['time/wall_s']:.1f} s"
+        f" | uplink {uplink} bits ({summary['comm/uplink_compression']:.3g}x vs float32)"
+        f" | downlink {downlink} bits | {summary['time/wall_s']:.1f} s"
     )
 
 

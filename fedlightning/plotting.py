@@ -270,6 +270,11 @@ def _sort_value(value: str | None) -> tuple[int, float | str]:
         return (1, value)
 
 
+def _number_or_nan(value: object) -> float:
+    """``value`` as a float, NaN where a summary lacks it (a recorded 0 stays 0)."""
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
 def group_runs(runs: Sequence[RunData], metric: str, x: str) -> list[Group]:
     """Aggregate ``runs`` into groups of equal sweep axes (seed pooled), sorted by their axis values.
 
@@ -757,8 +762,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(markdown(header, rows))
     print(f"\nwrote {', '.join(map(str, written))}")
     print(f"{len(groups)} groups of {sum(g.seeds for g in groups)} runs; each: mean ± sample std over its seeds.")
-
-
-def _number_or_nan(value: object) -> float:
-    """``value`` as a float, NaN where a summary lacks it (a recorded 0 stays 0)."""
-    return float(value) if isinstance(value, int | float) else math.nan
