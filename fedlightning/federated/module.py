@@ -65,6 +65,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.regression import R2Score
 
 from fedlightning.compression.codecs import Float32Codec
+from fedlightning.cuda_check import drop_unusable_nvml_check
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import ESTIMATORS, Aggregator, Estimator, WeightedMean
 from fedlightning.federated.batches import local_batches
@@ -85,6 +86,10 @@ if TYPE_CHECKING:
     from fedlightning.datamodules.base import FederatedDataModule
 
 log = logging.getLogger(__name__)
+
+# `import lightning` above sets PYTORCH_NVML_BASED_CUDA_CHECK; without NVML it only slows every
+# Adam step (fedlightning/cuda_check.py).
+drop_unusable_nvml_check()
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
