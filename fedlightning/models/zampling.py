@@ -488,13 +488,12 @@ class ZampledWeights:
     sit at 0 or 1.
 
     With ``mask_frozen`` the backward computes Qᵀ·g only on columns with 0 < p < 1 (the
-    paper's gradient mask): when fewer than ``dense_backward_fraction``·n are free, over a
-    cached CSR block of the free columns (:meth:`SparseQ.free_block`), rebuilt when a column
-    outside it became free or the free set shrank by ``rebuild_fraction``; otherwise by the
-    full product, then masked. (:meth:`SparseQ.free_rmatvec`, one compiled gather over the
-    free columns of the CSC with nothing cached, is the candidate replacement timed by
-    ``benchmarks/zampling_speed.py --kernels``; it is not used here until a quiet
-    measurement shows it faster.)
+    paper's gradient mask): when fewer than ``dense_backward_fraction``·n are free, on the
+    compiled kernels by one gather over the free columns of Q's CSC
+    (:meth:`SparseQ.free_rmatvec`, nothing cached), and with ``torch`` over a cached CSR block
+    of the free columns (:meth:`SparseQ.free_block`), rebuilt when a column outside it became
+    free or the free set shrank by ``rebuild_fraction``; otherwise by the full product, then
+    masked. (``benchmarks/zampling_speed.py --kernels`` times both formulations.)
 
     ``fast=False`` disables both shortcuts and uses ``torch.mv`` on CSR for the full products
     every step (full Qᵀ·g, then masked): an independent reference path for the tests.
@@ -551,7 +550,7 @@ class ZampledWeights:
         self._since_refresh = 0
         self._free: Tensor | None = None
         self._block: tuple[Tensor, Tensor, Tensor] | None = None  # (columns, membership, CSR block)
-        self.stats = {"full": 0, "incremental": 0, "flipped": 0, "block_builds": 0}
+        self.stats = {"full": 0, "incremental": 0, "flipped": 0, "block_builds": 0, "free_gathers": 0}
 
     def weights_for(self, z: Tensor) -> Tensor:
         """Q·z, reusing the previous product when few coordinates changed (no autograd).
@@ -589,6 +588,9 @@ class ZampledWeights:
         num_free = int(free.sum())
         if num_free >= self.dense_backward_fraction * self.q.n:
             return self.q.rmatvec(g, backend=self.backend) * free.to(g.dtype)
+        if self.q.compiled(self.backend):
+            self.stats["free_gathers"] += 1
+            return self.q.free_rmatvec(g, free)
         block = self._block
         if (
             block is None
