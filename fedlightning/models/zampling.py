@@ -509,7 +509,7 @@ class ZampledWeights:
             ``None``: 0.3 with the compiled kernels, 0.15 with ``torch`` (the measured crossovers
             with the full product at m/n = 32, d = 10).
         refresh_every: full recomputation after this many incremental updates.
-        rebuild_fraction: rebuild the free-column block when the free set shrank by this share.
+        rebuild_fraction: rebuild the free-column block (``torch`` backend) when the free set shrank by this share.
         dense_backward_fraction: use the full Qᵀ·g when at least this share of columns is free;
             ``None``: 0.45 with the compiled kernels, 0.9 with ``torch.mv`` (measured crossovers).
     """
