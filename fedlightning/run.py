@@ -200,6 +200,7 @@ def _run(
         )
     module = _build(cfg.method, "method", model=model, datamodule=datamodule, seed=int(cfg.seed))
     module.vectorised_cohort = cfg.get("vectorised_cohort", "auto")
+    module.fused_local_step = cfg.get("fused_local_step", "auto")
     budget_mb = cfg.get("client_state_memory_mb")
     if budget_mb is not None:  # spill per-client state beyond the budget into the run folder
         from fedlightning.federated.state import ClientStateStore

@@ -92,6 +92,10 @@ class TrainSchema:
         default="auto",
         metadata=_spec("vectorised_cohort=auto", "train the clients at once (auto: on CUDA, where the method allows)"),
     )
+    fused_local_step: bool | Literal["auto"] = field(
+        default="auto",
+        metadata=_spec("fused_local_step=auto", "ReLU MLP steps under cross-entropy and SGD without autograd"),
+    )
     ckpt_path: str | None = field(default=None, metadata=_spec("ckpt_path=null", "a checkpoint file to resume from"))
     save_partition: bool = field(default=True, metadata=_spec("save_partition=true", "whether to write partition.json"))
     client_state_memory_mb: float | None = field(

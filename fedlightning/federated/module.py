@@ -72,6 +72,7 @@ from fedlightning.federated.batches import local_batches
 from fedlightning.federated.channel import Channel, DownlinkChannel
 from fedlightning.federated.cohort import Cohort, deal_by_load
 from fedlightning.federated.divergence import DivergenceError, DivergencePolicy, exploded
+from fedlightning.federated.fused_step import chain_refusal, fused_sgd_step_, linear_chain, plain_sgd_rates
 from fedlightning.federated.hooks import ClientSampler, Direction, FederatedCallback, UploadChoice, Verdict
 from fedlightning.federated.local_step import clear_grads_, sgd_step_, steps_in_place
 from fedlightning.federated.message import Message
@@ -298,7 +299,7 @@ class FederatedModule(L.LightningModule):
         self.__dict__["_client_model"] = copy.deepcopy(model)  # hidden: not registered, not checkpointed
         self.__dict__["_datamodule"] = datamodule  # not an nn.Module attribute: never checkpointed
         self.seed = seed
-        self.client_optimizer = client_optimizer or (lambda params: torch.optim.SGD(params, lr=0.05))
+        self.client_optimizer = client_optimizer or functools.partial(torch.optim.SGD, lr=0.05)
         self.server_optimizer = server_optimizer or (lambda params: torch.optim.SGD(params, lr=1.0))
         self.local_epochs = local_epochs
         self.local_steps = local_steps
@@ -321,6 +322,11 @@ class FederatedModule(L.LightningModule):
         """Train a share's clients at once (:mod:`fedlightning.federated.vectorised`): ``True``,
         ``False`` or ``"auto"`` (on CUDA devices, for the methods it serves; set by the
         ``vectorised_cohort`` config key)."""
+        self.fused_local_step: bool | Literal["auto"] = "auto"
+        """Take each local step of a ReLU network by hand (:mod:`fedlightning.federated.fused_step`):
+        ``True``, ``False`` or ``"auto"`` (wherever :meth:`fused_step_refusal` allows; set by the
+        ``fused_local_step`` config key)."""
+        self._round_chain: list[nn.Linear] | None = None  # the fused step's layers for this round
         self.uplink_channel = Channel(
             direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name
         )
@@ -526,6 +532,7 @@ class FederatedModule(L.LightningModule):
             params=model.parameters(),
             batch_loss=lambda x, y: self.local_loss(model, x, y),
             after_step=lambda: self.on_local_step_end(model),
+            fused_chain=self._round_chain,
         )
         upload = flat_difference(model, received)  # w_k − w, one pass per parameter
         return ClientResult(upload=upload, num_samples=done.num_samples, loss=done.loss)
@@ -540,6 +547,7 @@ class FederatedModule(L.LightningModule):
         batch_loss: Callable[[Tensor, Tensor], Tensor],
         after_step: Callable[[], None] | None = None,
         after_epoch: Callable[[int], bool] | None = None,
+        fused_chain: list[nn.Linear] | None = None,
     ) -> LocalTraining:
         """Local mini-batch training of ``params`` on one client's data, in place.
 
@@ -550,6 +558,10 @@ class FederatedModule(L.LightningModule):
         ``after_step()``. ``after_epoch(epochs_done)`` is called after each whole pass over
         the data (``local_epochs`` mode only) and ends local training by returning true
         (client-side early stopping; ``local_epochs`` is then the cap).
+
+        ``fused_chain`` (the Linear layers of ``params``' model, given only when ``batch_loss``
+        is the engine's cross-entropy on that model) replaces the loss, backward and plain-SGD
+        step by :func:`~fedlightning.federated.fused_step.fused_sgd_step_`.
         """
         if after_epoch is not None and self.local_steps is not None:
             raise ConfigError(
@@ -559,6 +571,13 @@ class FederatedModule(L.LightningModule):
         optimizer = self.make_client_optimizer(params, client_id=client_id, round_idx=round_idx)
         trained = [p for group in optimizer.param_groups for p in group["params"]]
         in_place = steps_in_place(optimizer)  # plain SGD: the same update without step()'s wrappers
+        fused = (
+            fused_chain is not None
+            and in_place
+            and self.max_grad_norm is None
+            and {id(p) for p in trained} == {id(p) for layer in fused_chain for p in layer.parameters()}
+        )
+        rates = plain_sgd_rates(optimizer) if fused else None
         x, y = self.client_data(client_id)
         augment_gen = self.generator(round_idx, client_id, "augment")
         loss_sum = torch.zeros((), device=self.device)
@@ -574,14 +593,22 @@ class FederatedModule(L.LightningModule):
             batches = planned[: min([len(planned), *(b for b in budgets if b is not None)])]
         for idx in batches:
             clear_grads_(trained)
-            loss = batch_loss(self.datamodule.augment(x[idx], augment_gen), y[idx])
+            batch = self.datamodule.augment(x[idx], augment_gen), y[idx]
+            if fused:  # forward, backward and, for plain SGD (rates), the update in one pass
+                assert fused_chain is not None
+                loss = fused_sgd_step_(fused_chain, *batch, rates=rates)
+            else:
+                loss = batch_loss(*batch)
             if steps == 0 and self._start_acc is not None:  # the loss of the received model
                 self._start_acc[0] += loss.detach().to(self._start_acc)
                 self._start_acc[1] += 1
-            loss.backward()
-            if self.max_grad_norm is not None:
-                nn.utils.clip_grad_norm_(trained, self.max_grad_norm)
-            if in_place:
+            if not fused:
+                loss.backward()
+                if self.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(trained, self.max_grad_norm)
+            if rates is not None:
+                pass  # the fused step has updated the weights
+            elif in_place:
                 sgd_step_(optimizer)
             else:
                 optimizer.step()
@@ -650,6 +677,7 @@ class FederatedModule(L.LightningModule):
             cb.on_round_start(self.trainer, self, rnd.round_idx)
         self._budget_callbacks = [cb for cb in rnd.callbacks if cb.cuts_local_steps]
         self._round_optimizer = resolved_optimizer_factory(self.client_optimizer, self.client_model)
+        self._round_chain = linear_chain(self.client_model) if self._fuse() else None
         self._select(rnd)
         broadcast_state, broadcast = self._broadcast(rnd)
         may_repeat = any(cb.repeats_rounds for cb in rnd.callbacks)
@@ -666,6 +694,7 @@ class FederatedModule(L.LightningModule):
             for cb in rnd.callbacks:
                 cb.on_aggregate(self.trainer, self, rnd.round_idx, rnd.aggregator)
         self._round_optimizer = None
+        self._round_chain = None
         self._server_step(rnd, apply=verdict == "apply")
         self.client_state.enforce_budget()  # between rounds: no method holds a client's state now
         self._log_round(rnd, time.perf_counter() - started)
@@ -740,6 +769,33 @@ class FederatedModule(L.LightningModule):
         if self.vectorised_cohort == "auto" and self.device.type != "cuda":  # the loop is as fast on a CPU
             return False
         return self.vectorised_refusal() is None
+
+    def fused_step_refusal(self) -> str | None:
+        """Why :mod:`fedlightning.federated.fused_step` cannot take this module's local steps (``None``: it can)."""
+        cls, base = type(self), FederatedModule
+        hooks = ("client_update", "local_train", "local_loss", "on_local_step_end")
+        own = [h for h in hooks if getattr(cls, h) is not getattr(base, h)]
+        if own:
+            return f"its local work is its own ({', '.join(own)}), not the engine's cross-entropy steps"
+        loss = self.loss_fn
+        plain = type(loss) is nn.CrossEntropyLoss and loss.weight is None and loss.reduction == "mean"
+        if not plain or loss.label_smoothing:
+            return "its loss is not the plain cross-entropy"
+        if self.max_grad_norm is not None:
+            return "method.max_grad_norm clips each gradient"
+        factory = self._round_optimizer  # resolved once per round (in training_step)
+        if factory is None:
+            factory = resolved_optimizer_factory(self.client_optimizer, self.client_model) or self.client_optimizer
+        if sgd_settings(factory) is None:
+            return "its client optimiser is not torch.optim.SGD (method.client_optimizer)"
+        reason = chain_refusal(self.client_model)
+        return None if reason is None else f"its model cannot: {reason}"
+
+    def _fuse(self) -> bool:
+        """Whether this round's local steps are fused (never under autocast, whose casts it would skip)."""
+        if self.fused_local_step is False or torch.is_autocast_enabled(self.device.type):
+            return False
+        return self.fused_step_refusal() is None
 
     def _vectorised_updates(
         self, rnd: _Round, share: list[int], state: Tensor, broadcast: Message
@@ -1089,6 +1145,15 @@ class FederatedModule(L.LightningModule):
                 )
         elif self.vectorised_cohort not in (False, "auto"):
             raise ConfigError(f"vectorised_cohort is auto, true or false (got {self.vectorised_cohort!r}).")
+        if self.fused_local_step is True:
+            reason = self.fused_step_refusal()
+            if reason is not None:
+                raise ConfigError(
+                    f"fused_local_step=true cannot take {type(self).__name__}'s local steps: {reason}; "
+                    "set fused_local_step=auto or false."
+                )
+        elif self.fused_local_step not in (False, "auto"):
+            raise ConfigError(f"fused_local_step is auto, true or false (got {self.fused_local_step!r}).")
         self.client_model.to(self.device)
         self.client_state.refusal = (  # channels are attached (callbacks' setup) by now
             f"{type(self).__name__} declares stateless_clients, so its cohort is dealt to the processes by "

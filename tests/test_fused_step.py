@@ -1,0 +1,195 @@
+"""The fused local step (forward, backward and SGD by hand) equals autograd and torch.optim."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from fedlightning.datamodules import DigitsDataModule
+from fedlightning.datamodules.partition import DirichletPartition
+from fedlightning.errors import ConfigError
+from fedlightning.federated import module as engine
+from fedlightning.federated.fused_step import chain_refusal, fused_sgd_step_, linear_chain, plain_sgd_rates
+from fedlightning.federated.params import flat_parameters
+from fedlightning.methods import FedAvg
+from fedlightning.models.linear import BinaryLogisticRegression, LogisticRegression
+from fedlightning.models.mlp import MLP
+from fedlightning.sampling import UniformSampler
+from tests.conftest import round_trainer
+
+
+def _mlp(seed: int = 0) -> MLP:
+    torch.manual_seed(seed)
+    return MLP(in_features=64, hidden=[32, 16], num_classes=10)
+
+
+def _batch(n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+
+
+def _autograd_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    opt.zero_grad(set_to_none=True)
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def test_fused_gradients_equal_autograd_gradients_and_loss() -> None:
+    reference, fused = _mlp(), _mlp()
+    x, y = _batch()
+    expected_loss = nn.functional.cross_entropy(reference(x), y)
+    expected_loss.backward()
+    loss = fused_sgd_step_(linear_chain(fused), x, y, rates=None)
+    assert torch.equal(loss, expected_loss.detach())  # the same forward ops
+    for (name, p), q in zip(reference.named_parameters(), fused.parameters(), strict=True):
+        assert q.grad is not None, name
+        assert torch.allclose(q.grad, p.grad, rtol=1e-5, atol=1e-7), (name, (q.grad - p.grad).abs().max())
+        assert torch.equal(q, p), f"{name}: rates=None must not update"
+
+
+def test_fused_plain_sgd_steps_track_torch_sgd_over_twenty_steps() -> None:
+    reference, fused = _mlp(), _mlp()
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1)
+    # per-group step sizes: the output layer takes half the step of the others
+    layers = linear_chain(fused)
+    head = list(layers[-1].parameters())
+    body = [p for layer in layers[:-1] for p in layer.parameters()]
+    opt = torch.optim.SGD([{"params": body}, {"params": head, "lr": 0.05}], lr=0.1)
+    opt_ref = torch.optim.SGD(
+        [
+            {"params": [p for layer in linear_chain(reference)[:-1] for p in layer.parameters()]},
+            {"params": list(linear_chain(reference)[-1].parameters()), "lr": 0.05},
+        ],
+        lr=0.1,
+    )
+    rates = plain_sgd_rates(opt)
+    assert rates is not None and rates[head[0]] == 0.05 and rates[body[0]] == 0.1
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(20):
+        x, y = torch.randn(10, 64, generator=gen), torch.randint(0, 10, (10,), generator=gen)
+        loss_ref = _autograd_step(reference, opt_ref, x, y)
+        loss = fused_sgd_step_(layers, x, y, rates=rates)
+        assert loss == pytest.approx(float(loss_ref), rel=1e-5)
+    moved = flat_parameters(reference) - flat_parameters(_mlp())
+    assert moved.abs().max() > 1e-2  # twenty steps moved the weights
+    assert torch.allclose(flat_parameters(fused), flat_parameters(reference), rtol=1e-5, atol=1e-6)
+
+
+def test_plain_sgd_rates_are_none_with_momentum_or_weight_decay() -> None:
+    p = nn.Parameter(torch.zeros(2))
+    assert plain_sgd_rates(torch.optim.SGD([p], lr=0.1, momentum=0.9)) is None
+    assert plain_sgd_rates(torch.optim.SGD([p], lr=0.1, weight_decay=1e-4)) is None
+    assert plain_sgd_rates(torch.optim.SGD([p], lr=0.1)) == {p: 0.1}
+
+
+def test_fused_step_of_logistic_regression_without_bias_equals_autograd() -> None:
+    torch.manual_seed(3)
+    reference = nn.Sequential(nn.Flatten(), nn.Linear(64, 10, bias=False))
+    fused = nn.Sequential(nn.Flatten(), nn.Linear(64, 10, bias=False))
+    fused.load_state_dict(reference.state_dict())
+    x, y = _batch()
+    loss_ref = _autograd_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5), x, y)
+    rates = plain_sgd_rates(torch.optim.SGD(fused.parameters(), lr=0.5))
+    loss = fused_sgd_step_(linear_chain(fused), x, y, rates=rates)
+    assert torch.equal(loss, loss_ref)
+    assert torch.allclose(fused[1].weight, reference[1].weight, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        (nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)), "its layer Tanh is not Flatten, Linear or ReLU"),
+        (nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)), "its Linear layers are not separated by exactly one ReLU"),
+        (nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.ReLU(), nn.Linear(3, 2)), "its Linear layers are not separated"),
+        (nn.Sequential(nn.Linear(4, 3), nn.ReLU()), "it does not start and end with a Linear layer"),
+        (nn.Sequential(nn.Linear(4, 3), nn.Flatten(), nn.ReLU(), nn.Linear(3, 2)), "it flattens after its first layer"),
+        (nn.Sequential(nn.Flatten(0), nn.Linear(4, 3)), "its Flatten keeps more than the batch dimension"),
+        (BinaryLogisticRegression(in_features=4), "BinaryLogisticRegression is not an MLP"),
+    ],
+    ids=["tanh", "no_relu", "two_relus", "relu_last", "late_flatten", "flatten_batch", "binary_logistic"],
+)
+def test_chain_refusal_names_what_is_not_a_relu_chain(model: nn.Module, reason: str) -> None:
+    refusal = chain_refusal(model)
+    assert refusal is not None and refusal.startswith(reason), refusal
+
+
+def test_chain_refusal_names_hooks_frozen_parameters_and_parametrised_layers() -> None:
+    hooked = _mlp()
+    hooked.net[1].register_forward_hook(lambda *_: None)
+    assert chain_refusal(hooked) == "its Linear has hooks"
+    frozen = _mlp()
+    frozen.net[1].bias.requires_grad_(False)
+    assert chain_refusal(frozen) == "some of its parameters are frozen"
+    grad_hooked = _mlp()
+    grad_hooked.net[1].weight.register_hook(lambda g: g)
+    assert chain_refusal(grad_hooked) == "some of its parameters have gradient hooks"
+    pruned = _mlp()
+    nn.utils.parametrize.register_parametrization(pruned.net[1], "weight", nn.Identity())
+    assert chain_refusal(pruned) == "its layer ParametrizedLinear is not Flatten, Linear or ReLU"
+    assert chain_refusal(LogisticRegression(in_features=4, num_classes=3)) is None
+    assert [layer.out_features for layer in linear_chain(_mlp())] == [32, 16, 10]
+
+
+def _fedavg_run(fused: bool | str, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tuple[torch.Tensor, float, int]:
+    dm = DigitsDataModule(num_clients=8, seed=0, partition=DirichletPartition(alpha=0.3))
+    module = FedAvg(model=_mlp(), datamodule=dm, batch_size=16, **kwargs)
+    module.fused_local_step = fused  # type: ignore[assignment]
+    calls = [0]
+
+    def counted(*args: Any, **kw: Any) -> torch.Tensor:
+        calls[0] += 1
+        return fused_sgd_step_(*args, **kw)
+
+    monkeypatch.setattr(engine, "fused_sgd_step_", counted)
+    trainer = round_trainer(3, [UniformSampler(clients_per_round=5)])
+    trainer.fit(module)
+    return flat_parameters(module.model), float(trainer.callback_metrics["train/loss"]), calls[0]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"client_optimizer": functools.partial(torch.optim.SGD, lr=0.1)},
+        {
+            "client_optimizer": functools.partial(
+                torch.optim.SGD, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3
+            ),
+            "local_epochs": 2,
+        },
+    ],
+    ids=["sgd", "nesterov_decay_2_epochs"],
+)
+def test_fedavg_with_fused_steps_equals_fedavg_with_autograd(
+    options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    autograd, loss_a, calls_a = _fedavg_run(False, monkeypatch, **options)
+    fused, loss_f, calls_f = _fedavg_run("auto", monkeypatch, **options)
+    assert calls_a == 0 and calls_f > 0  # auto took the fused path on this MLP, false never did
+    assert not torch.equal(autograd, flat_parameters(_mlp()))
+    assert torch.allclose(fused, autograd, rtol=1e-4, atol=2e-6), (fused - autograd).abs().max()
+    assert loss_f == pytest.approx(loss_a, rel=1e-5)
+
+
+def test_auto_keeps_autograd_where_gradients_are_clipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, calls = _fedavg_run("auto", monkeypatch, max_grad_norm=1.0)
+    assert calls == 0
+
+
+def test_fused_local_step_true_refuses_a_model_it_cannot_step_before_training() -> None:
+    dm = DigitsDataModule(num_clients=4, seed=0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10))
+    module = FedAvg(model=model, datamodule=dm)
+    module.fused_local_step = True
+    with pytest.raises(
+        ConfigError,
+        match=r"fused_local_step=true cannot take FedAvg's local steps: its model cannot: "
+        r"its layer Tanh is not Flatten, Linear or ReLU; set fused_local_step=auto or false\.",
+    ):
+        round_trainer(1, []).fit(module)
+    assert flat_parameters(module.model).isfinite().all()
