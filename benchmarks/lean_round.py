@@ -8,8 +8,11 @@ clients have the same size, so the work is the same); the plain loop adds the co
 weighted mean and one test-set pass in batches of 1,024. The engine's per-client overhead is
 (engine round − plain round) / 100. Arms:
 ``peer`` (the suite's plain peer, ``benchmarks/perf/systems/plain_loop.py``, on these
-batches: no flat upload, float32 sums in place); ``plain``; ``engine`` (``FedAvg`` under a
-bare ``Trainer``: no logger, checkpoints or accountant); ``cli`` (the config the
+batches: no flat upload, float32 sums in place); ``peer_fused`` (the same, each step taken by
+:func:`fedlightning.federated.fused_step.fused_sgd_step_`); ``plain``; ``engine`` (``FedAvg``
+under a bare ``Trainer``: no logger, checkpoints or accountant; its steps fused, as
+``fused_local_step=auto`` does); ``engine_autograd`` (the same with ``fused_local_step=false``);
+``cli`` (the config the
 ``fedlightning`` command composes for S2, run through :func:`fedlightning.run.run` with its
 loggers and callbacks). ``cli:A;B`` is the ``cli`` arm with the overrides A and B added, to
 find which part of the command costs what.
@@ -40,6 +43,7 @@ import torch
 
 from fedlightning.datamodules import IIDPartition, MNISTDataModule
 from fedlightning.federated.batches import local_batches
+from fedlightning.federated.fused_step import fused_sgd_step_, linear_chain, plain_sgd_rates
 from fedlightning.federated.params import assign_flat_, flat_parameters
 from fedlightning.federated.rng import torch_generator
 from fedlightning.methods import FedAvg
@@ -47,6 +51,7 @@ from fedlightning.models import build_model
 from fedlightning.sampling import UniformSampler
 
 CLIENTS, COHORT, BATCH, LR = 1000, 100, 10, 0.05
+NAMES = "peer, peer_fused, plain, engine, engine_autograd, cli, cli:A;B"
 
 
 def datamodule(root: str) -> MNISTDataModule:
@@ -60,12 +65,19 @@ def cohort_of(round_idx: int) -> list[int]:
     return torch.randperm(CLIENTS, generator=torch.Generator().manual_seed(round_idx))[:COHORT].tolist()
 
 
-def local_epoch(client: torch.nn.Module, dm: MNISTDataModule, cid: int, round_idx: int) -> int:
-    """One epoch of plain SGD on client ``cid``'s batches (the engine's schedule); its sample count."""
+def local_epoch(client: torch.nn.Module, dm: MNISTDataModule, cid: int, round_idx: int, fused: bool = False) -> int:
+    """One epoch of plain SGD on client ``cid``'s batches (the engine's schedule); its sample count.
+
+    ``fused``: each step by :func:`~fedlightning.federated.fused_step.fused_sgd_step_`.
+    """
     opt = torch.optim.SGD(client.parameters(), lr=LR)
+    layers, rates = (linear_chain(client), plain_sgd_rates(opt)) if fused else ([], None)
     x, y = dm.client_tensors(cid)
     gen = torch_generator(seed=0, round_idx=round_idx, client_id=cid, purpose="batches")
     for idx in local_batches(num_samples=len(y), batch_size=BATCH, epochs=1, steps=None, generator=gen):
+        if fused:
+            fused_sgd_step_(layers, x[idx], y[idx], rates=rates)
+            continue
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(client(x[idx]), y[idx]).backward()
         opt.step()
@@ -91,7 +103,9 @@ def plain_round(model: torch.nn.Module, client: torch.nn.Module, dm: MNISTDataMo
             correct += int((model(x_test[start : start + 1024]).argmax(1) == y_test[start : start + 1024]).sum())
 
 
-def peer_round(model: torch.nn.Module, dm: MNISTDataModule, round_idx: int, buffers: list[torch.Tensor]) -> None:
+def peer_round(
+    model: torch.nn.Module, dm: MNISTDataModule, round_idx: int, buffers: list[torch.Tensor], fused: bool = False
+) -> None:
     """One S2 round as the suite's plain peer does it (``benchmarks/perf/systems/plain_loop.py``):
     weights copied in tensor by tensor, trained weights summed in place into float32 buffers (no
     flat upload, no float64 sum), the test set in one forward pass; the plain arm's clients and batches."""
@@ -104,7 +118,7 @@ def peer_round(model: torch.nn.Module, dm: MNISTDataModule, round_idx: int, buff
         with torch.no_grad():
             for p, g in zip(params, global_w, strict=True):
                 p.copy_(g)
-        size = local_epoch(model, dm, cid, round_idx)
+        size = local_epoch(model, dm, cid, round_idx, fused)
         with torch.no_grad():
             for buf, p in zip(buffers, params, strict=True):
                 buf.add_(p, alpha=size)
@@ -137,11 +151,11 @@ def plain_times(dm: MNISTDataModule, rounds: int) -> list[tuple[float, float]]:
     return timed_rounds(rounds, lambda r: plain_round(model, client, dm, r))
 
 
-def peer_times(dm: MNISTDataModule, rounds: int) -> list[tuple[float, float]]:
+def peer_times(dm: MNISTDataModule, rounds: int, fused: bool = False) -> list[tuple[float, float]]:
     """(wall, CPU) seconds of each round after the first, the suite's plain peer's way."""
     model = mlp()
     buffers = [torch.zeros_like(p) for p in model.parameters()]
-    return timed_rounds(rounds, lambda r: peer_round(model, dm, r, buffers))
+    return timed_rounds(rounds, lambda r: peer_round(model, dm, r, buffers, fused))
 
 
 class _Timer(L.Callback):
@@ -163,13 +177,16 @@ class _Timer(L.Callback):
         return [(b[0] - a[0], b[1] - a[1]) for a, b in itertools.pairwise(self.starts)]
 
 
-def engine_times(dm: MNISTDataModule, rounds: int, profile: str | None = None) -> list[tuple[float, float]]:
+def engine_times(
+    dm: MNISTDataModule, rounds: int, profile: str | None = None, fused: bool = True
+) -> list[tuple[float, float]]:
     module = FedAvg(
         model=mlp(),
         datamodule=dm,
         batch_size=BATCH,
-        client_optimizer=lambda p: torch.optim.SGD(p, lr=LR),
+        client_optimizer=functools.partial(torch.optim.SGD, lr=LR),
     )
+    module.fused_local_step = "auto" if fused else False
     timer = _Timer()
     trainer = L.Trainer(
         max_steps=rounds + 1,
@@ -233,7 +250,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", default=None, help="write a cProfile of one engine run here and stop")
-    parser.add_argument("--arms", default="plain,engine", help="comma-separated: peer, plain, engine, cli, cli:A;B")
+    parser.add_argument(
+        "--arms",
+        default="plain,engine",
+        help=f"comma-separated: {NAMES}",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     dm = datamodule(args.data_root)
@@ -245,14 +266,16 @@ def main() -> None:
     arms: dict[str, Callable[[], list[tuple[float, float]]]] = {
         "plain": functools.partial(plain_times, dm, args.rounds),
         "peer": functools.partial(peer_times, dm, args.rounds),
+        "peer_fused": functools.partial(peer_times, dm, args.rounds, fused=True),
         "engine": functools.partial(engine_times, dm, args.rounds),
+        "engine_autograd": functools.partial(engine_times, dm, args.rounds, fused=False),
     }
     for arm in chosen:
         if arm == "cli" or arm.startswith("cli:"):
             extra = [o for o in arm.removeprefix("cli").removeprefix(":").split(";") if o]
             arms[arm] = functools.partial(cli_times, args.data_root, args.rounds, extra)
     if unknown := set(chosen) - set(arms):
-        parser.error(f"unknown arm(s) {sorted(unknown)}; choose from peer, plain, engine, cli, cli:A;B")
+        parser.error(f"unknown arm(s) {sorted(unknown)}; choose from {NAMES}")
     times: dict[str, list[tuple[float, float]]] = {arm: [] for arm in chosen}
     for _ in range(args.repeats):  # interleaved, so machine load hits every arm alike
         for arm in chosen:

@@ -36,7 +36,9 @@ Clients train one reused model hidden from the module registry, so it is not che
 not wrapped by DDP and never aliases the global weights; local steps use plain
 ``torch.optim`` and ``loss.backward()`` (a plain ``torch.optim.SGD`` steps through
 :func:`~fedlightning.federated.local_step.sgd_step_`, the same update without the per-call
-wrappers). The server optimiser is the one Lightning optimiser, so ``global_step`` counts
+wrappers), except that a ReLU network under the engine's cross-entropy and SGD takes each step
+through :func:`~fedlightning.federated.fused_step.fused_sgd_step_`, forward, backward and update
+by hand (:attr:`~FederatedModule.fused_local_step`). The server optimiser is the one Lightning optimiser, so ``global_step`` counts
 rounds (methods that set their state get :class:`RoundClock`).
 """
 
