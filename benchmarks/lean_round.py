@@ -71,7 +71,8 @@ def local_epoch(client: torch.nn.Module, dm: MNISTDataModule, cid: int, round_id
     ``fused``: each step by :func:`~fedlightning.federated.fused_step.fused_sgd_step_`.
     """
     opt = torch.optim.SGD(client.parameters(), lr=LR)
-    layers, rates = (linear_chain(client), plain_sgd_rates(opt)) if fused else ([], None)
+    layers = linear_chain(client) if fused else []
+    rates = plain_sgd_rates(opt, layers) if fused else None
     x, y = dm.client_tensors(cid)
     gen = torch_generator(seed=0, round_idx=round_idx, client_id=cid, purpose="batches")
     for idx in local_batches(num_samples=len(y), batch_size=BATCH, epochs=1, steps=None, generator=gen):

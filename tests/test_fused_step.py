@@ -68,8 +68,8 @@ def test_fused_plain_sgd_steps_track_torch_sgd_over_twenty_steps() -> None:
         ],
         lr=0.1,
     )
-    rates = plain_sgd_rates(opt)
-    assert rates is not None and rates[head[0]] == 0.05 and rates[body[0]] == 0.1
+    rates = plain_sgd_rates(opt, layers)
+    assert rates == [(0.1, 0.1), (0.1, 0.1), (0.05, 0.05)]
     gen = torch.Generator().manual_seed(2)
     for _ in range(20):
         x, y = torch.randn(10, 64, generator=gen), torch.randint(0, 10, (10,), generator=gen)
@@ -82,10 +82,11 @@ def test_fused_plain_sgd_steps_track_torch_sgd_over_twenty_steps() -> None:
 
 
 def test_plain_sgd_rates_are_none_with_momentum_or_weight_decay() -> None:
-    p = nn.Parameter(torch.zeros(2))
-    assert plain_sgd_rates(torch.optim.SGD([p], lr=0.1, momentum=0.9)) is None
-    assert plain_sgd_rates(torch.optim.SGD([p], lr=0.1, weight_decay=1e-4)) is None
-    assert plain_sgd_rates(torch.optim.SGD([p], lr=0.1)) == {p: 0.1}
+    layer = nn.Linear(2, 2)
+    assert plain_sgd_rates(torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9), [layer]) is None
+    assert plain_sgd_rates(torch.optim.SGD(layer.parameters(), lr=0.1, weight_decay=1e-4), [layer]) is None
+    bias_apart = torch.optim.SGD([{"params": [layer.weight]}, {"params": [layer.bias], "lr": 0.3}], lr=0.1)
+    assert plain_sgd_rates(bias_apart, [layer]) == [(0.1, 0.3)]
 
 
 def test_fused_step_of_logistic_regression_without_bias_equals_autograd() -> None:
@@ -95,7 +96,7 @@ def test_fused_step_of_logistic_regression_without_bias_equals_autograd() -> Non
     fused.load_state_dict(reference.state_dict())
     x, y = _batch()
     loss_ref = _autograd_step(reference, torch.optim.SGD(reference.parameters(), lr=0.5), x, y)
-    rates = plain_sgd_rates(torch.optim.SGD(fused.parameters(), lr=0.5))
+    rates = plain_sgd_rates(torch.optim.SGD(fused.parameters(), lr=0.5), linear_chain(fused))
     loss = fused_sgd_step_(linear_chain(fused), x, y, rates=rates)
     assert torch.equal(loss, loss_ref)
     assert torch.allclose(fused[1].weight, reference[1].weight, rtol=1e-6, atol=1e-7)

@@ -37,6 +37,8 @@ from fedlightning.models.mlp import MLP
 
 __all__ = ["chain_refusal", "fused_sgd_step_", "linear_chain", "plain_sgd_rates"]
 
+_THRESHOLD_BACKWARD = torch.ops.aten.threshold_backward.default
+
 
 def _chain_modules(model: nn.Module) -> list[nn.Module] | str:
     """The modules the model applies in order, or why its forward pass is not a plain chain."""
@@ -91,34 +93,41 @@ def linear_chain(model: nn.Module) -> list[nn.Linear]:
     return [m for m in modules if isinstance(m, nn.Linear)]
 
 
-def plain_sgd_rates(optimizer: torch.optim.Optimizer) -> dict[Tensor, float] | None:
-    """Each parameter's step size when every group is SGD without momentum or weight decay.
+def plain_sgd_rates(optimizer: torch.optim.Optimizer, layers: Sequence[nn.Linear]) -> list[tuple[float, float]] | None:
+    """Each layer's (weight, bias) step sizes when every group is SGD without momentum or weight decay.
 
     ``None`` otherwise: the fused step then writes gradients and the optimiser applies them.
+    Every parameter of ``layers`` must be one of the optimiser's.
+
+    >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> opt = torch.optim.SGD([{"params": net[0].parameters()}, {"params": net[2].parameters(), "lr": 0.5}], lr=0.1)
+    >>> plain_sgd_rates(opt, [net[0], net[2]])
+    [(0.1, 0.1), (0.5, 0.5)]
     """
-    rates: dict[Tensor, float] = {}
+    rate: dict[int, float] = {}
     for group in optimizer.param_groups:
         if group["momentum"] != 0 or group["weight_decay"] != 0:
             return None
-        for p in group["params"]:
-            rates[p] = float(group["lr"])
-    return rates
+        rate.update((id(p), float(group["lr"])) for p in group["params"])
+    return [(rate[id(layer.weight)], rate[id(layer.bias)] if layer.bias is not None else 0.0) for layer in layers]
 
 
 @torch.no_grad()
-def fused_sgd_step_(layers: Sequence[nn.Linear], x: Tensor, y: Tensor, *, rates: dict[Tensor, float] | None) -> Tensor:
+def fused_sgd_step_(
+    layers: Sequence[nn.Linear], x: Tensor, y: Tensor, *, rates: Sequence[tuple[float, float]] | None
+) -> Tensor:
     """One cross-entropy step on the batch ``(x, y)`` of the chain ``layers``; returns the loss.
 
-    ``rates`` maps each parameter to its step size γ and the parameters are updated in place
-    (W ← W − γ∇W); with ``rates=None`` the gradients are written to ``.grad`` and nothing is
-    updated. The loss is that of the weights before the step.
+    ``rates`` gives each layer's (weight, bias) step size γ and the parameters are updated in
+    place (W ← W − γ∇W); with ``rates=None`` the gradients are written to ``.grad`` and
+    nothing is updated. The loss is that of the weights before the step.
 
     >>> torch.manual_seed(0) is not None
     True
     >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     >>> x, y = torch.randn(5, 3), torch.tensor([0, 1, 1, 0, 1])
     >>> expected = nn.functional.cross_entropy(net(x), y)
-    >>> loss = fused_sgd_step_(list(net[::2]), x, y, rates=None)
+    >>> loss = fused_sgd_step_([net[0], net[2]], x, y, rates=None)
     >>> bool(torch.equal(loss, expected))
     True
     """
@@ -132,20 +141,22 @@ def fused_sgd_step_(layers: Sequence[nn.Linear], x: Tensor, y: Tensor, *, rates:
             h = h.relu_()
     log_p = h.log_softmax(dim=1)
     loss = F.nll_loss(log_p, y)
-    delta = log_p.exp_()  # softmax(z), in the buffer of log p (the loss is already taken)
-    delta[torch.arange(len(y), device=y.device), y] -= 1.0
-    delta.div_(len(y))
+    n = len(y)
+    delta = log_p.exp_().div_(n)  # softmax(z) / B, in the buffer of log p (the loss is already taken)
+    delta.scatter_add_(1, y.unsqueeze(1), torch.full((n, 1), -1.0 / n, dtype=delta.dtype, device=delta.device))
     for i in range(last, -1, -1):
         layer, h_in = layers[i], inputs[i]
-        below = torch.ops.aten.threshold_backward(delta @ layer.weight, h_in, 0) if i > 0 else None
+        # through the ReLU below, with autograd's own kernel: zero where its output h_in is 0
+        below = _THRESHOLD_BACKWARD(delta @ layer.weight, h_in, 0) if i > 0 else None
         if rates is None:
             layer.weight.grad = delta.t() @ h_in
             if layer.bias is not None:
                 layer.bias.grad = delta.sum(0)
         else:
-            layer.weight.addmm_(delta.t(), h_in, alpha=-rates[layer.weight])
+            weight_rate, bias_rate = rates[i]
+            layer.weight.addmm_(delta.t(), h_in, alpha=-weight_rate)
             if layer.bias is not None:
-                layer.bias.add_(delta.sum(0), alpha=-rates[layer.bias])
+                layer.bias.add_(delta.sum(0), alpha=-bias_rate)
         if below is not None:
             delta = below
     return loss

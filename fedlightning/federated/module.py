@@ -38,8 +38,8 @@ not wrapped by DDP and never aliases the global weights; local steps use plain
 :func:`~fedlightning.federated.local_step.sgd_step_`, the same update without the per-call
 wrappers), except that a ReLU network under the engine's cross-entropy and SGD takes each step
 through :func:`~fedlightning.federated.fused_step.fused_sgd_step_`, forward, backward and update
-by hand (:attr:`~FederatedModule.fused_local_step`). The server optimiser is the one Lightning optimiser, so ``global_step`` counts
-rounds (methods that set their state get :class:`RoundClock`).
+by hand (:attr:`~FederatedModule.fused_local_step`). The server optimiser is the one Lightning
+optimiser, so ``global_step`` counts rounds (methods that set their state get :class:`RoundClock`).
 """
 
 from __future__ import annotations
@@ -579,7 +579,7 @@ class FederatedModule(L.LightningModule):
             and self.max_grad_norm is None
             and {id(p) for p in trained} == {id(p) for layer in fused_chain for p in layer.parameters()}
         )
-        rates = plain_sgd_rates(optimizer) if fused else None
+        rates = plain_sgd_rates(optimizer, fused_chain) if fused and fused_chain is not None else None
         x, y = self.client_data(client_id)
         augment_gen = self.generator(round_idx, client_id, "augment")
         loss_sum = torch.zeros((), device=self.device)
