@@ -194,3 +194,23 @@ def test_fused_local_step_true_refuses_a_model_it_cannot_step_before_training() 
     ):
         round_trainer(1, []).fit(module)
     assert flat_parameters(module.model).isfinite().all()
+
+
+def test_fused_local_step_true_refuses_mixed_precision_and_auto_keeps_autograd_under_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dm = DigitsDataModule(num_clients=4, seed=0)
+    module = FedAvg(model=_mlp(), datamodule=dm)
+    module.fused_local_step = True
+    with pytest.raises(ConfigError, match=r"trainer\.precision=bf16-mixed runs the forward pass under autocast"):
+        round_trainer(1, [], precision="bf16-mixed").fit(module)
+    calls = [0]
+
+    def counted(*args: Any, **kw: Any) -> torch.Tensor:
+        calls[0] += 1
+        return fused_sgd_step_(*args, **kw)
+
+    monkeypatch.setattr(engine, "fused_sgd_step_", counted)
+    module = FedAvg(model=_mlp(), datamodule=dm)
+    round_trainer(1, [], precision="bf16-mixed").fit(module)
+    assert calls == [0]

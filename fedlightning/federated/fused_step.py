@@ -143,7 +143,7 @@ def fused_sgd_step_(
     loss = F.nll_loss(log_p, y)
     n = len(y)
     delta = log_p.exp_().div_(n)  # softmax(z) / B, in the buffer of log p (the loss is already taken)
-    delta.scatter_add_(1, y.unsqueeze(1), torch.full((n, 1), -1.0 / n, dtype=delta.dtype, device=delta.device))
+    delta.sub_(F.one_hot(y, delta.shape[1]), alpha=1.0 / n)  # − onehot(y) / B (deterministic on every device)
     for i in range(last, -1, -1):
         layer, h_in = layers[i], inputs[i]
         # through the ReLU below, with autograd's own kernel: zero where its output h_in is 0

@@ -790,6 +790,10 @@ class FederatedModule(L.LightningModule):
             factory = resolved_optimizer_factory(self.client_optimizer, self.client_model) or self.client_optimizer
         if sgd_settings(factory) is None:
             return "its client optimiser is not torch.optim.SGD (method.client_optimizer)"
+        trainer = self.attached_trainer
+        precision = str(getattr(trainer, "precision", "32-true")) if trainer is not None else "32-true"
+        if "mixed" in precision:
+            return f"trainer.precision={precision} runs the forward pass under autocast"
         reason = chain_refusal(self.client_model)
         return None if reason is None else f"its model cannot: {reason}"
 
