@@ -189,6 +189,16 @@ def resolved_optimizer_factory(factory: OptimizerFactory, model: nn.Module) -> O
     return functools.partial(optimizer_class, *factory.args, **factory.keywords)
 
 
+def _check_switch(key: str, value: object, refusal: Callable[[], str | None], action: str) -> None:
+    """Refuse ``key=true`` where ``refusal()`` names a reason, and any value but auto, true or false."""
+    if value is True:
+        reason = refusal()
+        if reason is not None:
+            raise ConfigError(f"{key}=true cannot {action}: {reason}; set {key}=auto or false.")
+    elif value not in (False, "auto"):
+        raise ConfigError(f"{key} is auto, true or false (got {value!r}).")
+
+
 class RoundClock(torch.optim.Optimizer):
     """The Lightning optimiser of methods that set their server state: a step only counts the round."""
 
@@ -1142,24 +1152,9 @@ class FederatedModule(L.LightningModule):
                 "does not support (its aggregation is not the engine's weighted mean of the uploads); "
                 "use sampler=uniform, sampler=independent or sampler=importance."
             )
-        if self.vectorised_cohort is True:
-            reason = self.vectorised_refusal()
-            if reason is not None:
-                raise ConfigError(
-                    f"vectorised_cohort=true cannot train {type(self).__name__}'s clients: {reason}; "
-                    "set vectorised_cohort=auto or false."
-                )
-        elif self.vectorised_cohort not in (False, "auto"):
-            raise ConfigError(f"vectorised_cohort is auto, true or false (got {self.vectorised_cohort!r}).")
-        if self.fused_local_step is True:
-            reason = self.fused_step_refusal()
-            if reason is not None:
-                raise ConfigError(
-                    f"fused_local_step=true cannot take {type(self).__name__}'s local steps: {reason}; "
-                    "set fused_local_step=auto or false."
-                )
-        elif self.fused_local_step not in (False, "auto"):
-            raise ConfigError(f"fused_local_step is auto, true or false (got {self.fused_local_step!r}).")
+        name = type(self).__name__
+        _check_switch("vectorised_cohort", self.vectorised_cohort, self.vectorised_refusal, f"train {name}'s clients")
+        _check_switch("fused_local_step", self.fused_local_step, self.fused_step_refusal, f"take {name}'s local steps")
         self.client_model.to(self.device)
         self.client_state.refusal = (  # channels are attached (callbacks' setup) by now
             f"{type(self).__name__} declares stateless_clients, so its cohort is dealt to the processes by "
