@@ -618,12 +618,11 @@ class FederatedModule(L.LightningModule):
                 loss.backward()
                 if self.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(trained, self.max_grad_norm)
-            if rates is not None:
-                pass  # the fused step has updated the weights
-            elif in_place:
-                sgd_step_(optimizer)
-            else:
-                optimizer.step()
+            if rates is None:  # (with rates, the fused step has already updated the weights)
+                if in_place:
+                    sgd_step_(optimizer)
+                else:
+                    optimizer.step()
             if after_step is not None:
                 after_step()
             loss_sum += loss.detach()
