@@ -15,7 +15,7 @@ from fedlightning.errors import ConfigError
 from fedlightning.federated import module as engine
 from fedlightning.federated.fused_step import chain_refusal, fused_sgd_step_, linear_chain, plain_sgd_rates
 from fedlightning.federated.params import flat_parameters
-from fedlightning.methods import FedAvg
+from fedlightning.methods import FedAvg, FedShuffle
 from fedlightning.models.linear import BinaryLogisticRegression, LogisticRegression
 from fedlightning.models.mlp import MLP
 from fedlightning.sampling import UniformSampler
@@ -137,9 +137,11 @@ def test_chain_refusal_names_hooks_frozen_parameters_and_parametrised_layers() -
     assert [layer.out_features for layer in linear_chain(_mlp())] == [32, 16, 10]
 
 
-def _fedavg_run(fused: bool | str, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tuple[torch.Tensor, float, int]:
+def _fedavg_run(
+    fused: bool | str, monkeypatch: pytest.MonkeyPatch, method: type[engine.FederatedModule] = FedAvg, **kwargs: Any
+) -> tuple[torch.Tensor, float, int]:
     dm = DigitsDataModule(num_clients=8, seed=0, partition=DirichletPartition(alpha=0.3))
-    module = FedAvg(model=_mlp(), datamodule=dm, batch_size=16, **kwargs)
+    module = method(model=_mlp(), datamodule=dm, batch_size=16, **kwargs)
     module.fused_local_step = fused  # type: ignore[assignment]
     calls = [0]
 
@@ -173,6 +175,21 @@ def test_fedavg_with_fused_steps_equals_fedavg_with_autograd(
     fused, loss_f, calls_f = _fedavg_run("auto", monkeypatch, **options)
     assert calls_a == 0 and calls_f > 0  # auto took the fused path on this MLP, false never did
     assert not torch.equal(autograd, flat_parameters(_mlp()))
+    assert torch.allclose(fused, autograd, rtol=1e-4, atol=2e-6), (fused - autograd).abs().max()
+    assert loss_f == pytest.approx(loss_a, rel=1e-5)
+
+
+def test_fedshuffle_clients_with_their_own_step_sizes_take_fused_steps_equal_to_autograd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    options: dict[str, Any] = {
+        "method": FedShuffle,
+        "client_optimizer": functools.partial(torch.optim.SGD, lr=0.05),
+        "local_epochs": [1, 3],  # each client's epochs drawn per round, its step size scaled to them
+    }
+    autograd, loss_a, calls_a = _fedavg_run(False, monkeypatch, **options)
+    fused, loss_f, calls_f = _fedavg_run("auto", monkeypatch, **options)
+    assert calls_a == 0 and calls_f > 0
     assert torch.allclose(fused, autograd, rtol=1e-4, atol=2e-6), (fused - autograd).abs().max()
     assert loss_f == pytest.approx(loss_a, rel=1e-5)
 
