@@ -73,3 +73,19 @@ def round_trainer(rounds: int, callbacks: list[object], **kwargs: object) -> L.T
     }
     options.update(kwargs)
     return L.Trainer(**options)  # type: ignore[arg-type]
+
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def record_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[Call]:
+    """Replace ``owner.name`` by a wrapper that records each call's (args, kwargs), then delegates."""
+    calls: list[Call] = []
+    original = getattr(owner, name)
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recorded)
+    return calls

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from fedlightning.datamodules import DigitsDataModule
 from fedlightning.datamodules.partition import DirichletPartition
@@ -19,7 +20,7 @@ from fedlightning.methods import FedAvg, FedShuffle
 from fedlightning.models.linear import BinaryLogisticRegression, LogisticRegression
 from fedlightning.models.mlp import MLP
 from fedlightning.sampling import UniformSampler
-from tests.conftest import round_trainer
+from tests.conftest import record_calls, round_trainer
 
 
 def _mlp(seed: int = 0) -> MLP:
@@ -143,16 +144,10 @@ def _fedavg_run(
     dm = DigitsDataModule(num_clients=8, seed=0, partition=DirichletPartition(alpha=0.3))
     module = method(model=_mlp(), datamodule=dm, batch_size=16, **kwargs)
     module.fused_local_step = fused  # type: ignore[assignment]
-    calls = [0]
-
-    def counted(*args: Any, **kw: Any) -> torch.Tensor:
-        calls[0] += 1
-        return fused_sgd_step_(*args, **kw)
-
-    monkeypatch.setattr(engine, "fused_sgd_step_", counted)
+    calls = record_calls(monkeypatch, engine, "fused_sgd_step_")
     trainer = round_trainer(3, [UniformSampler(clients_per_round=5)])
     trainer.fit(module)
-    return flat_parameters(module.model), float(trainer.callback_metrics["train/loss"]), calls[0]
+    return flat_parameters(module.model), float(trainer.callback_metrics["train/loss"]), len(calls)
 
 
 @pytest.mark.parametrize(
@@ -204,13 +199,14 @@ def test_fused_local_step_true_refuses_a_model_it_cannot_step_before_training() 
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10))
     module = FedAvg(model=model, datamodule=dm)
     module.fused_local_step = True
+    before = flat_parameters(module.model)
     with pytest.raises(
         ConfigError,
         match=r"fused_local_step=true cannot take FedAvg's local steps: its model cannot: "
         r"its layer Tanh is not Flatten, Linear or ReLU; set fused_local_step=auto or false\.",
     ):
         round_trainer(1, []).fit(module)
-    assert flat_parameters(module.model).isfinite().all()
+    assert torch.equal(flat_parameters(module.model), before)  # refused before any round
 
 
 def test_fused_local_step_true_refuses_mixed_precision_and_auto_keeps_autograd_under_it(
@@ -221,13 +217,35 @@ def test_fused_local_step_true_refuses_mixed_precision_and_auto_keeps_autograd_u
     module.fused_local_step = True
     with pytest.raises(ConfigError, match=r"trainer\.precision=bf16-mixed runs the forward pass under autocast"):
         round_trainer(1, [], precision="bf16-mixed").fit(module)
-    calls = [0]
-
-    def counted(*args: Any, **kw: Any) -> torch.Tensor:
-        calls[0] += 1
-        return fused_sgd_step_(*args, **kw)
-
-    monkeypatch.setattr(engine, "fused_sgd_step_", counted)
+    calls = record_calls(monkeypatch, engine, "fused_sgd_step_")
     module = FedAvg(model=_mlp(), datamodule=dm)
     round_trainer(1, [], precision="bf16-mixed").fit(module)
-    assert calls == [0]
+    assert calls == []
+
+
+def test_fused_local_step_true_stops_at_a_client_whose_optimiser_it_cannot_serve_and_auto_falls_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hook = register_optimizer_step_pre_hook(lambda *_: None)  # every step must go through step()
+    try:
+        module = FedAvg(model=_mlp(), datamodule=DigitsDataModule(num_clients=4, seed=0))
+        module.fused_local_step = True
+        refusal = r"the client optimiser is not a plain torch\.optim\.SGD without step hooks"
+        with pytest.raises(ConfigError, match=refusal):
+            round_trainer(1, []).fit(module)
+        calls = record_calls(monkeypatch, engine, "fused_sgd_step_")
+        module = FedAvg(model=_mlp(), datamodule=DigitsDataModule(num_clients=4, seed=0))
+        round_trainer(1, []).fit(module)
+        assert calls == []
+        assert not torch.equal(flat_parameters(module.model), flat_parameters(_mlp()))  # trained by autograd
+    finally:
+        hook.remove()
+
+
+def test_fused_local_step_true_with_vectorised_cohort_true_is_refused_before_training() -> None:
+    module = FedAvg(model=_mlp(), datamodule=DigitsDataModule(num_clients=4, seed=0))
+    module.fused_local_step = True
+    module.vectorised_cohort = True
+    refusal = r"vectorised_cohort=true trains the clients at once, so fused_local_step=true would fuse no step"
+    with pytest.raises(ConfigError, match=refusal):
+        round_trainer(1, []).fit(module)

@@ -14,10 +14,10 @@ from fedlightning.datamodules.partition import DirichletPartition
 from fedlightning.errors import ConfigError
 from fedlightning.federated import module as engine
 from fedlightning.federated.params import flat_parameters
-from fedlightning.federated.vectorised import SGDSettings, plan_steps, sgd_settings, stacked_sgd_step_, train_stacked
+from fedlightning.federated.vectorised import SGDSettings, plan_steps, sgd_settings, stacked_sgd_step_
 from fedlightning.methods import FedAvg
 from fedlightning.sampling import UniformSampler
-from tests.conftest import round_trainer
+from tests.conftest import record_calls, round_trainer
 
 
 def _gn_model() -> nn.Module:
@@ -30,16 +30,11 @@ def _run(vectorised: bool, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tu
     assert len(set(dm.client_sizes)) > 1  # unequal clients: padded batches and steps
     module = FedAvg(model=_gn_model(), datamodule=dm, batch_size=16, **kwargs)
     module.vectorised_cohort = vectorised
-    calls: list[int] = []
-
-    def counted(**kw: Any) -> Any:
-        calls.append(kw["plan"].index.shape[0])
-        return train_stacked(**kw)
-
-    monkeypatch.setattr(engine, "train_stacked", counted)
+    calls = record_calls(monkeypatch, engine, "train_stacked")
     trainer = round_trainer(2, [UniformSampler(clients_per_round=5)])
     trainer.fit(module)
-    assert calls == ([5, 5] if vectorised else [])  # one stacked call per round, the whole cohort
+    cohorts = [kw["plan"].index.shape[0] for _, kw in calls]
+    assert cohorts == ([5, 5] if vectorised else [])  # one stacked call per round, the whole cohort
     return flat_parameters(module.model), float(trainer.callback_metrics["train/loss"])
 
 

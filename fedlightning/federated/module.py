@@ -583,13 +583,8 @@ class FederatedModule(L.LightningModule):
         optimizer = self.make_client_optimizer(params, client_id=client_id, round_idx=round_idx)
         trained = [p for group in optimizer.param_groups for p in group["params"]]
         in_place = steps_in_place(optimizer)  # plain SGD: the same update without step()'s wrappers
-        fused = (
-            fused_chain is not None
-            and in_place
-            and self.max_grad_norm is None
-            and {id(p) for p in trained} == {id(p) for layer in fused_chain for p in layer.parameters()}
-        )
-        rates = plain_sgd_rates(optimizer, fused_chain) if fused and fused_chain is not None else None
+        chain = self._client_chain(fused_chain, optimizer, trained, in_place=in_place)
+        rates = plain_sgd_rates(optimizer, chain) if chain is not None else None
         x, y = self.client_data(client_id)
         augment_gen = self.generator(round_idx, client_id, "augment")
         loss_sum = torch.zeros((), device=self.device)
@@ -604,17 +599,15 @@ class FederatedModule(L.LightningModule):
             ]
             batches = planned[: min([len(planned), *(b for b in budgets if b is not None)])]
         for idx in batches:
-            clear_grads_(trained)
+            if chain is None:  # (the fused step assigns every gradient it needs, or writes none)
+                clear_grads_(trained)
             batch = self.datamodule.augment(x[idx], augment_gen), y[idx]
-            if fused:  # forward, backward and, for plain SGD (rates), the update in one pass
-                assert fused_chain is not None
-                loss = fused_sgd_step_(fused_chain, *batch, rates=rates)
-            else:
-                loss = batch_loss(*batch)
+            # the fused step: forward, backward and, for plain SGD (rates), the update in one pass
+            loss = batch_loss(*batch) if chain is None else fused_sgd_step_(chain, *batch, rates=rates)
             if steps == 0 and self._start_acc is not None:  # the loss of the received model
                 self._start_acc[0] += loss.detach().to(self._start_acc)
                 self._start_acc[1] += 1
-            if not fused:
+            if chain is None:
                 loss.backward()
                 if self.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(trained, self.max_grad_norm)
@@ -636,6 +629,33 @@ class FederatedModule(L.LightningModule):
             optimizer=optimizer,
             epochs=steps // per_epoch if per_epoch else 0,
         )
+
+    def _client_chain(
+        self,
+        chain: list[nn.Linear] | None,
+        optimizer: torch.optim.Optimizer,
+        trained: list[Tensor],
+        *,
+        in_place: bool,
+    ) -> list[nn.Linear] | None:
+        """``chain`` where this client's optimiser lets the fused step train it, else ``None``.
+
+        With ``fused_local_step=true`` a client it cannot serve stops the run instead.
+        """
+        if chain is None:
+            return None
+        if not in_place:
+            why = "the client optimiser is not a plain torch.optim.SGD without step hooks"
+        elif {id(p) for p in trained} != {id(p) for layer in chain for p in layer.parameters()}:
+            why = "the client optimiser does not train exactly the model's parameters"
+        else:
+            return chain
+        if self.fused_local_step is True:
+            raise ConfigError(
+                f"fused_local_step=true cannot take {type(self).__name__}'s local steps: {why}; "
+                "set fused_local_step=auto or false."
+            )
+        return None
 
     # ------------------------------------------------------------------ helpers for methods
     def client_data(self, client_id: int) -> tuple[Tensor, Tensor]:
@@ -777,8 +797,8 @@ class FederatedModule(L.LightningModule):
         """Whether this round's share is trained by the vectorised cohort."""
         if self.vectorised_cohort is False:
             return False
-        if self.vectorised_cohort == "auto" and self.device.type != "cuda":  # the loop is as fast on a CPU
-            return False
+        if self.vectorised_cohort == "auto" and (self.device.type != "cuda" or self.fused_local_step is True):
+            return False  # on a CPU the loop is as fast; fused_local_step=true asks for the loop's fused steps
         return self.vectorised_refusal() is None
 
     def fused_step_refusal(self) -> str | None:
@@ -1154,6 +1174,11 @@ class FederatedModule(L.LightningModule):
         name = type(self).__name__
         _check_switch("vectorised_cohort", self.vectorised_cohort, self.vectorised_refusal, f"train {name}'s clients")
         _check_switch("fused_local_step", self.fused_local_step, self.fused_step_refusal, f"take {name}'s local steps")
+        if self.vectorised_cohort is True and self.fused_local_step is True:
+            raise ConfigError(
+                "vectorised_cohort=true trains the clients at once, so fused_local_step=true would fuse no step; "
+                "set one of them to auto or false."
+            )
         self.client_model.to(self.device)
         self.client_state.refusal = (  # channels are attached (callbacks' setup) by now
             f"{type(self).__name__} declares stateless_clients, so its cohort is dealt to the processes by "
