@@ -37,6 +37,24 @@ def test_weighted_mean_reduces_two_shares_to_the_whole() -> None:
     assert first.count == 3 and torch.equal(first.result(), whole.result())
 
 
+def test_all_reduce_sums_the_round_statistics_in_the_same_collective() -> None:
+    first, second = WeightedMean(dim=2, normalise=True), WeightedMean(dim=2, normalise=True)
+    first.accumulate(torch.tensor([1.0, 2.0]), weight=1.0)
+    second.accumulate(torch.tensor([4.0, -2.0]), weight=3.0)
+    collectives: list[torch.Tensor] = []
+
+    def reduce(packed: torch.Tensor) -> torch.Tensor:
+        collectives.append(packed)
+        return packed + second.packed(torch.tensor([0.5, 7.0], dtype=torch.float64))
+
+    stats = first.all_reduce(reduce, alongside=torch.tensor([0.25, 1.0], dtype=torch.float64))
+    assert len(collectives) == 1 and collectives[0].tolist() == [1.0, 2.0, 1.0, 1.0, 0.25, 1.0]
+    assert stats.tolist() == [0.75, 8.0]
+    # (1·[1, 2] + 3·[4, −2]) / 4 = [3.25, −1]
+    assert first.count == 2 and first.result().tolist() == [3.25, -1.0]
+    assert first.all_reduce(lambda t: t).numel() == 0  # nothing alongside: nothing back
+
+
 def test_fedopt_moments_by_hand() -> None:
     delta = torch.tensor([2.0, -1.0])
     m = agg.fedopt_first_moment(torch.tensor([1.0, 1.0]), delta, beta1=0.5)

@@ -135,13 +135,15 @@ class CommunicationAccountant(FederatedCallback):
         # Every payload message would have cost one dense float32 copy of the model.
         self._round[_UP_DENSE] = self._round[_UP_MSGS] * module.dense_message_bits
         self._round[_DOWN_DENSE] = self._round[_DOWN_MSGS] * module.dense_message_bits
-        round_counts = module.reduce_sum(torch.tensor(self._round, dtype=torch.int64)).to(torch.int64).cpu()
-        self.totals += round_counts
         per_client = torch.zeros_like(self.per_client)
         if self._round_per_client:
             where = torch.tensor(list(self._round_per_client), dtype=torch.int64)
             per_client[where[:, 0], where[:, 1]] = torch.tensor(list(self._round_per_client.values()))
-        self.per_client += module.reduce_sum(per_client).to(torch.int64).cpu()
+        counts = torch.cat([torch.tensor(self._round, dtype=torch.int64), per_client.reshape(-1)])
+        counts = module.reduce_sum(counts).to(torch.int64).cpu()  # one collective for both
+        round_counts = counts[: len(self._round)]
+        self.totals += round_counts
+        self.per_client += counts[len(self._round) :].reshape(self.per_client.shape)
         if self.records_path is not None and module.world_size > 1:
             parts: list[Any] = [None] * module.world_size
             dist.all_gather_object(parts, self._rows)

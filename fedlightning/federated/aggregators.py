@@ -71,15 +71,24 @@ class Aggregator:
         """Fold one decoded upload in with coefficient ``weight``."""
         raise NotImplementedError
 
-    def packed(self) -> Tensor:
-        """The whole state as one float64 tensor: the sums, then the upload count."""
+    def packed(self, alongside: Tensor | None = None) -> Tensor:
+        """The whole state as one float64 tensor: the sums, the upload count, then ``alongside``."""
         count = torch.tensor([float(self.count)], dtype=torch.float64, device=self.sums.device)
-        return torch.cat([self.sums, count])
+        extra = [] if alongside is None else [alongside.to(self.sums.device)]
+        return torch.cat([self.sums, count, *extra])
 
-    def all_reduce(self, reduce: Reduce) -> None:
-        """Sum the state across processes (``reduce`` is an all-reduce with op sum)."""
-        packed = reduce(self.packed())
-        self.sums, self.count = packed[:-1].clone(), round(float(packed[-1]))
+    def all_reduce(self, reduce: Reduce, *, alongside: Tensor | None = None) -> Tensor:
+        """Sum the state across processes (``reduce`` is an all-reduce with op sum).
+
+        ``alongside`` (a 1-D float64 tensor, e.g. the round's statistics) is summed in the same
+        collective and returned on its own device (an empty tensor without it).
+        """
+        packed = reduce(self.packed(alongside))
+        n = self.sums.numel()
+        self.sums, self.count = packed[:n].clone(), round(float(packed[n]))
+        if alongside is None:
+            return packed[n + 1 :].clone()
+        return packed[n + 1 :].to(alongside.device, copy=True)
 
     @property
     def empty(self) -> bool:

@@ -78,6 +78,7 @@ from fedlightning.federated.fused_step import chain_refusal, fused_sgd_step_, li
 from fedlightning.federated.hooks import ClientSampler, Direction, FederatedCallback, UploadChoice, Verdict
 from fedlightning.federated.local_step import clear_grads_, sgd_step_, steps_in_place
 from fedlightning.federated.message import Message
+from fedlightning.federated.metric_sync import summed_across_processes
 from fedlightning.federated.params import assign_flat_, flat_difference, flat_parameters, num_parameters, set_flat_grad_
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER, torch_generator
@@ -350,18 +351,20 @@ class FederatedModule(L.LightningModule):
             self.loss_fn: nn.Module = nn.CrossEntropyLoss()
             self.score_name = "acc"
             num_classes = int(datamodule.num_classes)
-            self.val_score: Metric = MulticlassAccuracy(num_classes=num_classes, average="micro")
-            self.test_score: Metric = MulticlassAccuracy(num_classes=num_classes, average="micro")
+            accuracy = functools.partial(MulticlassAccuracy, num_classes=num_classes, average="micro")
+            self.val_score: Metric = summed_across_processes(accuracy())
+            self.test_score: Metric = summed_across_processes(accuracy())
         elif self.task == "regression":
             self.loss_fn = _SquaredError()
             self.score_name = "r2"
-            self.val_score = R2Score()
-            self.test_score = R2Score()
+            self.val_score = summed_across_processes(R2Score())
+            self.test_score = summed_across_processes(R2Score())
         else:
             raise ConfigError(f"Unknown data task {self.task!r}; a datamodule's task is classification or regression.")
-        self.val_loss = MeanMetric()
-        self.test_loss = MeanMetric()
-        self.val_score_best = MaxMetric()
+        self.val_loss = summed_across_processes(MeanMetric())
+        self.test_loss = summed_across_processes(MeanMetric())
+        # Every process updates it with the same (reduced) score, so it needs no sync of its own.
+        self.val_score_best = MaxMetric(sync_on_compute=False)
         self.val_score_best.persistent(True)  # survives resume
 
     # ------------------------------------------------------------------ public protocol
@@ -676,11 +679,14 @@ class FederatedModule(L.LightningModule):
     def reduce_sum(self, tensor: Tensor) -> Tensor:
         """``tensor`` summed over the processes (itself with one process), on ``tensor``'s device.
 
-        The collective runs on this module's device (NCCL reduces only GPU tensors).
+        The collective runs on this module's device (NCCL reduces only GPU tensors). It is one
+        all-reduce, without the barrier that Lightning's ``strategy.reduce`` puts before it (an
+        all-reduce waits for every process anyway); ``tensor`` itself is left as it was.
         """
         if self.world_size == 1:
             return tensor
-        reduced = self.trainer.strategy.reduce(tensor.to(self.device), reduce_op="sum")
+        reduced = tensor.to(self.device, copy=True)
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
         return reduced.to(tensor.device)
 
     # ------------------------------------------------------------------ the round
@@ -765,8 +771,7 @@ class FederatedModule(L.LightningModule):
         if self._start_acc is not None:
             rnd.stats[_START_SUM : _START_COUNT + 1] = self._start_acc.cpu()
             self._start_acc = None
-        rnd.aggregator.all_reduce(self.reduce_sum)
-        rnd.stats = self.reduce_sum(rnd.stats)
+        rnd.stats = rnd.aggregator.all_reduce(self.reduce_sum, alongside=rnd.stats)  # one collective
         self._check_attempt(rnd)
 
     # ------------------------------------------------------------------ the vectorised cohort

@@ -56,6 +56,7 @@ from fedlightning.compression.codecs import Float32Codec
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import Aggregator
 from fedlightning.federated.channel import Channel
+from fedlightning.federated.metric_sync import summed_across_processes
 from fedlightning.federated.module import ClientResult, FederatedModule
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters
 from fedlightning.federated.rng import SERVER, torch_generator
@@ -304,7 +305,7 @@ class FjORD(FederatedModule):
         num_classes = int(self.datamodule.num_classes)
         self.width_scores = nn.ModuleDict(
             {
-                f"{stage}{k}": MulticlassAccuracy(num_classes=num_classes, average="micro")
+                f"{stage}{k}": summed_across_processes(MulticlassAccuracy(num_classes=num_classes, average="micro"))
                 for stage in ("val", "test")
                 for k in range(len(self.evaluated_widths()))
             }

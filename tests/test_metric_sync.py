@@ -1,0 +1,81 @@
+"""Evaluation metrics summed by one all-reduce per state equal torchmetrics' own gather (2 gloo processes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.regression import R2Score
+
+from fedlightning.federated.metric_sync import summed_across_processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _counting(calls: Counter[str], name: str) -> Any:
+    original = getattr(dist, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[name] += 1
+        return original(*args, **kwargs)
+
+    return counted
+
+
+def _rank(rank: int, port: int, results: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        gen = torch.Generator().manual_seed(rank)
+        n = 7 + 5 * rank  # unequal shards
+        logits, target = torch.randn(n, 4, generator=gen), torch.randint(0, 4, (n,), generator=gen)
+        values, weights = torch.randn(3 + rank, generator=gen), torch.rand(3 + rank, generator=gen)
+        pred, truth = torch.randn(9, generator=gen), torch.randn(9, generator=gen)
+
+        def metrics() -> list[Any]:
+            return [MulticlassAccuracy(num_classes=4, average="micro"), MeanMetric(), R2Score()]
+
+        def computed(ms: list[Any]) -> list[float]:
+            ms[0].update(logits, target)
+            ms[1].update(values, weight=weights)
+            ms[2].update(pred, truth)
+            return [float(m.compute()) for m in ms]
+
+        gathered = computed(metrics())
+        calls: Counter[str] = Counter()
+        patched = {name: getattr(dist, name) for name in ("all_reduce", "all_gather", "barrier")}
+        for name in patched:
+            setattr(dist, name, _counting(calls, name))
+        try:
+            summed_metrics = [summed_across_processes(m) for m in metrics()]
+            summed = computed(summed_metrics)
+        finally:
+            for name, fn in patched.items():
+                setattr(dist, name, fn)
+        states = sum(len(m._reductions) for m in summed_metrics)
+        results[rank] = (gathered, summed, dict(calls), states)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_summed_metrics_equal_gathered_ones_with_one_all_reduce_per_state() -> None:
+    results = mp.Manager().dict()
+    mp.spawn(_rank, args=(_free_port(), results), nprocs=2)
+    for rank in (0, 1):
+        gathered, summed, calls, states = results[rank]
+        assert summed == pytest.approx(gathered, rel=1e-6, abs=1e-7)
+        assert summed[0] == gathered[0]  # accuracy: integer counts, exactly
+        assert calls == {"all_reduce": states}  # no barrier, no gather
+    assert results[0][1] == results[1][1]  # every process holds the same score
