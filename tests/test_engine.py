@@ -17,7 +17,7 @@ from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.compression.codecs import BitPackCodec
 from fedlightning.datamodules import DigitsDataModule, IIDPartition
 from fedlightning.errors import ConfigError, NonFiniteLossError
-from fedlightning.federated.batches import local_batches
+from fedlightning.federated.batches import gathered_batches, local_batches
 from fedlightning.federated.cohort import Cohort, deal_by_load
 from fedlightning.federated.message import Message
 from fedlightning.federated.module import FederatedModule
@@ -125,6 +125,18 @@ def test_local_batches_cover_each_epoch_exactly_once() -> None:
     assert sorted(torch.cat(batches[:5]).tolist()) == list(range(23))
     assert sorted(torch.cat(batches[5:]).tolist()) == list(range(23))
     assert len(list(local_batches(num_samples=23, batch_size=5, epochs=1, steps=12, generator=gen))) == 12
+
+
+def test_gathered_batches_equal_indexing_each_batch_across_blocks() -> None:
+    gen = torch.Generator().manual_seed(4)
+    x, y = torch.randn(23, 3, 2, generator=gen), torch.randint(0, 9, (23,), generator=gen)
+    batches = list(local_batches(num_samples=23, batch_size=5, epochs=3, steps=None, generator=gen))
+    # 7-row blocks: two batches each (10 rows), the short last batch of a pass inside a block
+    gathered = list(gathered_batches(x, y, iter(batches), rows=7))
+    assert len(gathered) == len(batches) == 15
+    for (xb, yb), idx in zip(gathered, batches, strict=True):
+        assert torch.equal(xb, x[idx]) and torch.equal(yb, y[idx]) and xb.is_contiguous()
+    assert list(gathered_batches(x, y, [])) == []
 
 
 class _SignPatternCodec:

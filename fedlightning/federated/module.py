@@ -70,7 +70,7 @@ from fedlightning.compression.codecs import Float32Codec
 from fedlightning.cuda_check import drop_unusable_nvml_check
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import ESTIMATORS, Aggregator, Estimator, WeightedMean
-from fedlightning.federated.batches import local_batches
+from fedlightning.federated.batches import gathered_batches, local_batches
 from fedlightning.federated.channel import Channel, DownlinkChannel
 from fedlightning.federated.cohort import Cohort, deal_by_load
 from fedlightning.federated.divergence import DivergenceError, DivergencePolicy, exploded
@@ -601,10 +601,10 @@ class FederatedModule(L.LightningModule):
                 for cb in self._budget_callbacks
             ]
             batches = planned[: min([len(planned), *(b for b in budgets if b is not None)])]
-        for idx in batches:
+        for x_batch, y_batch in gathered_batches(x, y, batches):
             if chain is None:  # (the fused step assigns every gradient it needs, or writes none)
                 clear_grads_(trained)
-            batch = self.datamodule.augment(x[idx], augment_gen), y[idx]
+            batch = self.datamodule.augment(x_batch, augment_gen), y_batch
             # the fused step: forward, backward and, for plain SGD (rates), the update in one pass
             loss = batch_loss(*batch) if chain is None else fused_sgd_step_(chain, *batch, rates=rates)
             if steps == 0 and self._start_acc is not None:  # the loss of the received model
