@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -73,6 +74,17 @@ def test_the_float32_uplink_hands_on_exactly_the_bits_its_message_decodes_to() -
     message, decoded = channel.send(x, client_id=0, generator=None, state=ClientStateStore())
     assert message.num_bits == 32 * 7 and message.payload == x.numpy().tobytes()
     assert _bits(decoded) == _bits(message.decode()) == _bits(x)
+
+
+def test_the_float32_uplink_message_lends_the_uploads_bytes_read_only_instead_of_copying() -> None:
+    x = torch.tensor([0.25, -1.5, 3.0])
+    channel = Channel(direction="uplink", payload=Payload.MODEL_DELTA, codec=Float32Codec(), method="test")
+    message, _ = channel.send(x, client_id=0, generator=None, state=ClientStateStore())
+    assert isinstance(message.payload, memoryview) and message.payload.readonly
+    assert np.shares_memory(np.frombuffer(message.payload, dtype=np.float32), x.numpy())
+    assert bytes(message.payload) == Float32Codec().encode(x).payload and len(message.payload) == 12
+    with pytest.raises(ValueError, match="float32 CPU tensor only"):
+        Float32Codec().borrowed(x.half())
 
 
 def test_the_float16_uplink_hands_on_its_decoded_message_not_the_sent_tensor() -> None:

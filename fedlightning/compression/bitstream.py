@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedlightning.errors import MessageDecodeError
+from fedlightning.federated.message import Bitstream
 
 __all__ = [
     "BitReader",
@@ -242,7 +243,7 @@ class BitReader:
     message is being read.
     """
 
-    def __init__(self, payload: bytes, num_bits: int, *, codec: str = "bitstream") -> None:
+    def __init__(self, payload: Bitstream, num_bits: int, *, codec: str = "bitstream") -> None:
         self.codec = codec
         if num_bits < 0 or len(payload) * 8 < num_bits:
             raise self.error(f"a payload of {len(payload)} bytes cannot hold {num_bits} bits")

@@ -39,6 +39,24 @@ class DenseCodec:
         payload = flat.numpy().tobytes()
         return Message(payload=payload, num_bits=8 * len(payload), codec=self, shape=tuple(x.shape))
 
+    def borrowed(self, x: Tensor) -> Message:
+        """The message of a CPU ``x`` that :meth:`reproduces` accepts, with no copy of its bytes.
+
+        Its payload is a read-only view of ``x``'s own float32 bytes, so it is the message
+        :meth:`encode` writes as long as ``x`` is not modified; the engine sends each upload once
+        and never modifies it after.
+
+        >>> x = torch.tensor([0.5, -2.0])
+        >>> msg = Float32Codec().borrowed(x)
+        >>> bytes(msg.payload) == Float32Codec().encode(x).payload, msg.num_bits, msg.payload.readonly
+        (True, 64, True)
+        """
+        if not (self.reproduces(x) and x.device.type == "cpu"):
+            raise ValueError(f"{self.name} lends the bytes of a float32 CPU tensor only (got {x.dtype} on {x.device}).")
+        words = x.detach().reshape(-1).contiguous().numpy()
+        payload = memoryview(words).cast("B").toreadonly()  # type: ignore[arg-type]  # ndarray is a buffer
+        return Message(payload=payload, num_bits=8 * len(payload), codec=self, shape=tuple(x.shape))
+
     def decode(self, message: Message) -> Tensor:
         numel = math.prod(message.shape)
         expected = self.bits_per_coordinate * numel

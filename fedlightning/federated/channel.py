@@ -215,14 +215,23 @@ class Channel:
         """The message that carries ``x`` and the tensor the receiver decodes from it (decoded once).
 
         A codec that :meth:`~fedlightning.compression.codecs.DenseCodec.reproduces` ``x`` (float32
-        on the float32 wire) is not decoded: ``x`` itself is what decoding would return, bit for bit.
+        on the float32 wire) is not decoded: ``x`` itself is what decoding would return, bit for bit;
+        on the CPU its message's payload is a read-only view of ``x``'s bytes
+        (:meth:`~fedlightning.compression.codecs.DenseCodec.borrowed`), so ``x`` must not be
+        modified after it is sent.
         ``generator`` is the sender's compression stream (only an attached operator draws from
         it; ``None`` is fine without one); ``state`` holds error-feedback memory.
         """
         if self.compressor is None:
-            message = self.codec.encode(x)
             reproduces = getattr(self.codec, "reproduces", None)  # a lossless wire: decoding gives x's bits
-            return message, (x.detach().reshape(message.shape) if reproduces and reproduces(x) else message.decode())
+            if reproduces is None or not reproduces(x):
+                message = self.codec.encode(x)
+                return message, message.decode()
+            if x.device.type == "cpu" and hasattr(self.codec, "borrowed"):
+                message = self.codec.borrowed(x)  # the payload is x's own bytes, not a copy
+            else:
+                message = self.codec.encode(x)
+            return message, x.detach().reshape(message.shape)
         if generator is None:
             raise ValueError(f"The {self.direction} operator {self.compressor.name} needs the sender's random stream.")
         op = self.operator(x.numel())

@@ -16,6 +16,9 @@ from torch import Tensor
 
 from fedlightning.errors import MessageDecodeError
 
+Bitstream = bytes | memoryview
+"""A message's bytes: ``bytes``, or a read-only view of the sender's tensor (a lossless float32 upload)."""
+
 
 @runtime_checkable
 class Codec(Protocol):
@@ -37,14 +40,15 @@ class Message:
     """An encoded tensor.
 
     Attributes:
-        payload: the bitstream, padded to whole bytes.
+        payload: the bitstream, padded to whole bytes (``bytes``, or a read-only ``memoryview``
+            of the sender's tensor for a lossless float32 upload).
         num_bits: exact bitstream length in bits, header included; ``len(payload) == ceil(num_bits / 8)``.
         codec: the codec that wrote it and can read it.
         shape: the decoded tensor's shape (known to both sides).
         header_bits: declared side information inside ``num_bits`` (scales, norms, counts).
     """
 
-    payload: bytes
+    payload: Bitstream
     num_bits: int
     codec: Codec
     shape: tuple[int, ...]

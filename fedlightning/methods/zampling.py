@@ -68,7 +68,7 @@ from fedlightning.compression.arithmetic import BernoulliRangeCodec, LatticeCode
 from fedlightning.compression.codecs import BitPackCodec, Float32Codec
 from fedlightning.errors import ConfigError, MessageDecodeError
 from fedlightning.federated.aggregators import Aggregator, WeightedMean
-from fedlightning.federated.message import Message
+from fedlightning.federated.message import Bitstream, Message
 from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT
 from fedlightning.federated.params import assign_flat_, num_parameters
 from fedlightning.federated.payloads import Payload
@@ -376,7 +376,7 @@ def bernoulli_draw(p: Tensor, generator: torch.Generator) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------- uplink codec
-def _bits(payload: bytes, count: int) -> np.ndarray:
+def _bits(payload: Bitstream, count: int) -> np.ndarray:
     return np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=count, bitorder="little")
 
 
