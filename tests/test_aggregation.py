@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedlightning.federated import aggregation as agg
-from fedlightning.federated.aggregators import FOLD_CHUNK, WeightedMean, fold_, participation_weights
+from fedlightning.federated.aggregators import WeightedMean, participation_weights
 from fedlightning.federated.server_optim import FedOpt
 
 
@@ -53,19 +53,6 @@ def test_all_reduce_sums_the_round_statistics_in_the_same_collective() -> None:
     # (1·[1, 2] + 3·[4, −2]) / 4 = [3.25, −1]
     assert first.count == 2 and first.result().tolist() == [3.25, -1.0]
     assert first.all_reduce(lambda t: t).numel() == 0  # nothing alongside: nothing back
-
-
-@pytest.mark.parametrize("alpha", [0.013, 1 / 3, 1e-7, 123.456])
-def test_fold_has_the_bits_of_a_float64_add_on_uploads_longer_than_a_chunk(alpha: float) -> None:
-    gen = torch.Generator().manual_seed(0)
-    n = 3 * FOLD_CHUNK + 17
-    start = torch.randn(n, dtype=torch.float64, generator=gen) * 1e3
-    upload = torch.randn(n, generator=gen) * torch.logspace(-30, 30, n).float()
-    upload[:5] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-45])  # 1e-45: subnormal
-    folded, added = start.clone(), start.clone()
-    fold_(folded, upload, alpha=alpha)
-    added.add_(upload, alpha=alpha)
-    assert torch.equal(folded.view(torch.int64), added.view(torch.int64))
 
 
 def test_fedopt_moments_by_hand() -> None:

@@ -30,39 +30,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["Aggregator", "Estimator", "WeightedMean", "fold_", "participation_weights"]
+__all__ = ["Aggregator", "Estimator", "WeightedMean", "participation_weights"]
 
 Estimator = Literal["normalised", "unbiased"]
 Reduce = Callable[[Tensor], Tensor]
 ESTIMATORS: tuple[Estimator, ...] = ("normalised", "unbiased")
-FOLD_CHUNK = 1 << 16
-"""Entries widened to float64 at a time by :func:`fold_` (a 512 KB buffer)."""
-
-
-def fold_(sums: Tensor, x: Tensor, *, alpha: float) -> None:
-    """``sums += alpha · x`` for float64 ``sums`` and a float32 (or float64) ``x``, in place.
-
-    The bits of ``sums.add_(x, alpha=alpha)``. On the CPU a long ``x`` is widened a chunk at a
-    time into a small float64 buffer and added with float64's vectorised kernel, instead of
-    the mixed-dtype kernel converting each element as it goes (timings in
-    ``benchmarks/results/performance.md``).
-
-    >>> x = torch.tensor([1.0, 0.1, -2.0])
-    >>> sums = torch.zeros(3, dtype=torch.float64)
-    >>> fold_(sums, x, alpha=0.5)
-    >>> torch.equal(sums, torch.zeros(3, dtype=torch.float64).add_(x, alpha=0.5))
-    True
-    """
-    x = x.reshape(-1)
-    if x.dtype == sums.dtype or sums.device.type != "cpu" or x.numel() <= FOLD_CHUNK:
-        sums.add_(x.to(sums.device), alpha=alpha)
-        return
-    buffer = torch.empty(FOLD_CHUNK, dtype=sums.dtype, device=sums.device)
-    for start in range(0, x.numel(), FOLD_CHUNK):
-        part = x[start : start + FOLD_CHUNK]
-        wide = buffer[: part.numel()]
-        wide.copy_(part)
-        sums[start : start + part.numel()].add_(wide, alpha=alpha)
 
 
 def participation_weights(shares: Tensor, inclusion_probabilities: Tensor, estimator: Estimator) -> Tensor:
@@ -151,7 +123,7 @@ class WeightedMean(Aggregator):
         flat = decoded.reshape(-1)
         if flat.numel() != self.dim:
             raise ValueError(f"An upload of {flat.numel()} entries reached an aggregator of dimension {self.dim}.")
-        fold_(self.sums[: self.dim], flat, alpha=float(weight))  # float32 widened into float64
+        self.sums[: self.dim].add_(flat.to(self.sums.device), alpha=float(weight))  # float32 read into float64
         self.sums[self.dim] += float(weight if mass is None else mass)
         self.count += 1
 
