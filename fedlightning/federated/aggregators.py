@@ -83,12 +83,11 @@ class Aggregator:
         ``alongside`` (a 1-D float64 tensor, e.g. the round's statistics) is summed in the same
         collective and returned on its own device (an empty tensor without it).
         """
-        packed = reduce(self.packed(alongside))
+        packed = reduce(self.packed(alongside))  # a new tensor: the sums can be a view of it
         n = self.sums.numel()
-        self.sums, self.count = packed[:n].clone(), round(float(packed[n]))
-        if alongside is None:
-            return packed[n + 1 :].clone()
-        return packed[n + 1 :].to(alongside.device, copy=True)
+        self.sums, self.count = packed[:n], round(float(packed[n]))
+        extra = packed[n + 1 :]
+        return extra if alongside is None else extra.to(alongside.device)
 
     @property
     def empty(self) -> bool:
