@@ -127,6 +127,14 @@ def test_local_batches_cover_each_epoch_exactly_once() -> None:
     assert len(list(local_batches(num_samples=23, batch_size=5, epochs=1, steps=12, generator=gen))) == 12
 
 
+def test_several_processes_without_torch_distributed_stop_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _module(_datamodule())
+    monkeypatch.setattr(FedAvg, "world_size", property(lambda self: 2))
+    monkeypatch.setattr(FedAvg, "trainer", property(lambda self: L.Trainer(logger=False)))
+    with pytest.raises(ConfigError, match=r"torch\.distributed is not initialised .*use trainer=ddp"):
+        module.on_fit_start()
+
+
 def test_gathered_batches_equal_indexing_each_batch_across_blocks() -> None:
     gen = torch.Generator().manual_seed(4)
     x, y = torch.randn(23, 3, 2, generator=gen), torch.randint(0, 9, (23,), generator=gen)

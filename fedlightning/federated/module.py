@@ -1169,6 +1169,11 @@ class FederatedModule(L.LightningModule):
         return loader(rank=self.process_rank, world_size=self.world_size)
 
     def on_fit_start(self) -> None:
+        if self.world_size > 1 and not dist.is_initialized():  # reduce_sum and the metrics use its collectives
+            raise ConfigError(
+                f"{self.world_size} processes share the cohort but torch.distributed is not initialised "
+                f"({type(self.trainer.strategy).__name__}); use trainer=ddp."
+            )
         sampler = self.client_sampler()
         if sampler is not None and sampler.chooses_uploaders and not self.accepts_upload_choice:
             raise ConfigError(
