@@ -356,8 +356,11 @@ class _InterleavedS1(L.Callback):
         print(f"round {r}: S5 {a:.2f} s, S1 {b:.2f} s, S5/S1 {a / b:.2f}, frozen {self.frozen[-1]:.3f}", flush=True)
 
 
-def s5_run_benchmark(data_root: str, rounds: int) -> dict[str, list[float]]:
-    """S5 trained for ``rounds`` rounds in one run, an S1 round timed after each (seconds)."""
+def s5_run_benchmark(data_root: str, rounds: int, *, autograd: bool = False) -> dict[str, list[float]]:
+    """S5 trained for ``rounds`` rounds in one run, an S1 round timed after each (seconds).
+
+    ``autograd``: S5's clients step through autograd (``fused_local_step=false``) instead of by hand.
+    """
     dm = MNISTDataModule(root=data_root, num_clients=10, partition=IIDPartition())
     dm.setup("fit")
 
@@ -367,6 +370,7 @@ def s5_run_benchmark(data_root: str, rounds: int) -> dict[str, list[float]]:
     sgd = functools.partial(torch.optim.SGD, lr=0.05)  # as the command builds it: fused local steps
     s1 = FedAvg(model=mnistfc(), datamodule=dm, client_optimizer=sgd, batch_size=32)
     s5 = Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=32)
+    s5.fused_local_step = False if autograd else "auto"
     _one_round(s1)  # warm-up: the first S1 round pays one-time costs of the process
     interleave = _InterleavedS1(s1)
     _round_trainer(rounds, interleave).fit(s5)
@@ -398,12 +402,13 @@ def main() -> None:
     parser.add_argument("--kernels", action="store_true", help="also time the Q·z / Qᵀ·g kernels alone")
     parser.add_argument("--s5", type=int, default=0, help="interleaved S5-vs-S1 repetitions (0: skip)")
     parser.add_argument("--s5-run", type=int, default=0, help="S5 rounds of one run, an S1 round after each (0: skip)")
+    parser.add_argument("--s5-autograd", action="store_true", help="--s5-run with S5's local steps through autograd")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.s5 > 0:
         s5_report(s5_benchmark(args.data_root, args.s5))
     if args.s5_run > 0:
-        s5_run_report(s5_run_benchmark(args.data_root, args.s5_run))
+        s5_run_report(s5_run_benchmark(args.data_root, args.s5_run, autograd=args.s5_autograd))
     if args.kernels:
         print("kernels, m/n = 32, d = 10, median ms:")
         for name, ms in kernel_benchmark(args.repeats).items():

@@ -94,7 +94,7 @@ class TrainSchema:
     )
     fused_local_step: bool | Literal["auto"] = field(
         default="auto",
-        metadata=_spec("fused_local_step=auto", "ReLU MLP steps under cross-entropy and SGD without autograd"),
+        metadata=_spec("fused_local_step=auto", "ReLU MLP steps (SGD, or Zampling's) without autograd"),
     )
     ckpt_path: str | None = field(default=None, metadata=_spec("ckpt_path=null", "a checkpoint file to resume from"))
     save_partition: bool = field(default=True, metadata=_spec("save_partition=true", "whether to write partition.json"))

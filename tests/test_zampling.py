@@ -57,7 +57,7 @@ from fedlightning.models.zampling import (
 )
 from fedlightning.run import run
 from fedlightning.sampling import FullParticipation, UniformSampler
-from tests.conftest import digits_federation, round_trainer
+from tests.conftest import digits_federation, record_calls, round_trainer
 
 SMALL = MLP(in_features=784, hidden=[20, 20], num_classes=10)  # m = 16,330
 
@@ -892,3 +892,112 @@ def test_mask_codec_refuses_a_stream_whose_flag_is_not_its_choice() -> None:
     assert codec.encode(z).num_bits == 1 + packed.num_bits
     with pytest.raises(MessageDecodeError, match=r"^mask_range_or_bitpack: "):
         forged.decode()
+
+
+# ---------------------------------------------------------------------------------- steps by hand
+def _sampled_pair(estimator: str, *, sampling: bool = True) -> tuple[SampledNetwork, SampledNetwork, Tensor, Tensor]:
+    """Two identical client networks on the small MLP (one for autograd, one by hand) and a batch.
+
+    p starts with a third of its coordinates frozen at exactly 0 or 1, so the masked backward
+    and the clip's bounds are exercised.
+    """
+    q = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=4)
+    gen = torch.Generator().manual_seed(0)
+    p = torch.rand(510, generator=gen)
+    p = torch.where(torch.rand(510, generator=gen) < 0.33, torch.round(p), p)
+    est = score_estimator(estimator)
+    chain = [SMALL.net[1], SMALL.net[3], SMALL.net[5]]
+    networks = [
+        SampledNetwork(
+            est.score(p),
+            network=ZampledNetwork(SMALL),
+            weights=est.weights(q),
+            estimator=est,
+            sampling=sampling,
+            generator=torch.Generator().manual_seed(7),
+            chain=chain,
+        )
+        for _ in range(2)
+    ]
+    x, y = torch.randn(32, 1, 28, 28, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+    return networks[0], networks[1], x, y
+
+
+@pytest.mark.parametrize(
+    ("estimator", "sampling"), [("zampling", True), ("zampling", False), ("zhou", True), ("fedpm", True)]
+)
+def test_hand_taken_step_equals_autograd_in_loss_and_score_gradient_over_adam_steps(
+    estimator: str, sampling: bool
+) -> None:
+    reference, by_hand, x, y = _sampled_pair(estimator, sampling=sampling)
+    optimizers = [torch.optim.Adam(net.parameters(), lr=0.05) for net in (reference, by_hand)]
+    for step in range(12):  # Adam moves s, so later steps draw other masks and flip bits incrementally
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        reference.resample()
+        expected = torch.nn.functional.cross_entropy(reference(x), y)
+        expected.backward()
+        loss = by_hand.fused_gradient_(x, y)
+        if step == 0 or sampling:  # the same forward ops on the same w (the same masks drawn)
+            assert torch.equal(loss, expected.detach()), step
+        else:  # w = Q·p of scores that Adam moved by different roundings
+            assert float(loss) == pytest.approx(float(expected.detach()), rel=1e-5), step
+        g_ref, g_hand = reference.score.grad, by_hand.score.grad
+        assert g_ref is not None and g_hand is not None
+        assert torch.allclose(g_hand, g_ref, rtol=1e-4, atol=1e-7), (step, (g_hand - g_ref).abs().max())
+        if estimator == "zampling":  # no gradient where p is 0 or 1 (nor where s left [0, 1])
+            p = reference.probabilities().detach()
+            assert torch.all(g_hand[(p == 0) | (p == 1)] == 0)
+            assert int(((p == 0) | (p == 1)).sum()) > 100
+        for opt in optimizers:
+            opt.step()
+        assert torch.allclose(by_hand.score, reference.score, rtol=1e-5, atol=1e-6), step
+    assert by_hand._weights.stats == reference._weights.stats  # the same products, full or incremental
+    assert (by_hand._weights.stats["incremental"] > 0) == sampling  # w = Q·p moves everywhere each step
+
+
+def test_hand_taken_step_updates_the_cached_w_in_place_and_keeps_its_value() -> None:
+    q = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=4)
+    in_place, copying = ZampledWeights(q), ZampledWeights(q)
+    gen = torch.Generator().manual_seed(0)
+    z = torch.bernoulli(torch.full((q.n,), 0.5), generator=gen)
+    first = in_place.weights_for(z, in_place=True)
+    copying.weights_for(z)
+    for _ in range(5):
+        z = z.clone()
+        flips = torch.randint(q.n, (10,), generator=gen)
+        z[flips] = 1 - z[flips]
+        same = in_place.weights_for(z, in_place=True)
+        assert same is first  # a few flips: updated incrementally, in place
+        kept = copying.weights_for(z)
+        assert kept is not first and torch.equal(same, kept)
+    assert in_place.stats["incremental"] == 5
+
+
+def test_zampling_runs_take_hand_steps_that_equal_autograd_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    dm = digits_federation(3)
+    finals = {}
+    for fused in (False, "auto"):
+        module = _zampling(dm, compression=8, local_steps=5)
+        module.fused_local_step = fused  # type: ignore[assignment]
+        calls = record_calls(monkeypatch, SampledNetwork, "fused_gradient_")
+        _fit(module, 3)
+        assert (len(calls) > 0) == (fused == "auto")
+        assert len(calls) in (0, 3 * 3 * 5)
+        finals[fused] = module.p.detach().clone()
+    assert torch.equal(finals["auto"], finals[False])  # the same masks drawn, so the same means of bits
+
+
+def test_fused_local_step_true_names_why_zampling_cannot_take_its_steps_by_hand() -> None:
+    from fedlightning.models.cnn import SmallCNN
+
+    dm = digits_federation(2)
+    model = SmallCNN(input_shape=(1, 8, 8), num_classes=10)
+    cnn = Zampling(model=model, datamodule=dm, compression=4, local_steps=1)
+    cnn.fused_local_step = True  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match=r"^fused_local_step=true cannot take .*its model cannot: SmallCNN is not"):
+        _fit(cnn, 1)
+    counting = _zampling(dm, _Counting)
+    assert counting.fused_step_refusal() == (
+        "its local work is its own (local_loss, on_local_step_end), not the engine's cross-entropy steps"
+    )

@@ -17,6 +17,10 @@ arithmetic. :func:`fused_sgd_step_` does the same step by hand for a chain
 
 The step equals ``loss.backward()`` followed by ``optimizer.step()`` up to float rounding
 (``tests/test_fused_step.py`` checks weights, gradients and losses against autograd).
+:func:`chain_gradients_` runs the same forward and backward on given (weight, bias) tensors and
+writes the gradients into given tensors: Zampling's clients (arXiv 2503.14246), whose weights
+are slices of w = Q·z, take their steps with it
+(:meth:`fedlightning.methods.zampling.SampledNetwork.fused_gradient_`).
 :func:`chain_refusal` says which models qualify: exactly
 :class:`~fedlightning.models.mlp.MLP`, :class:`~fedlightning.models.linear.LogisticRegression`
 or an ``nn.Sequential`` of ``Flatten``, ``Linear`` and ``ReLU`` (a parametrised layer, e.g. a
@@ -25,7 +29,7 @@ pruning mask, has another class), with no hooks and every parameter trained.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 
 import torch
@@ -35,9 +39,12 @@ from torch import Tensor, nn
 from fedlightning.models.linear import LogisticRegression
 from fedlightning.models.mlp import MLP
 
-__all__ = ["chain_refusal", "fused_sgd_step_", "linear_chain", "plain_sgd_rates"]
+__all__ = ["Pair", "chain_gradients_", "chain_refusal", "fused_sgd_step_", "linear_chain", "plain_sgd_rates"]
 
 _THRESHOLD_BACKWARD = torch.ops.aten.threshold_backward.default
+
+Pair = tuple[Tensor, Tensor | None]
+"""A layer's (weight, bias); the bias may be absent."""
 
 
 def _chain_modules(model: nn.Module) -> list[nn.Module] | str:
@@ -112,6 +119,65 @@ def plain_sgd_rates(optimizer: torch.optim.Optimizer, layers: Sequence[nn.Linear
     return [(rate[id(layer.weight)], rate[id(layer.bias)] if layer.bias is not None else 0.0) for layer in layers]
 
 
+def _forward_backward(
+    pairs: Sequence[Pair], x: Tensor, y: Tensor, write: Callable[[int, Tensor, Tensor], None]
+) -> Tensor:
+    """Forward and backward through the chain; ``write(i, δᵢ, hᵢ₋₁)`` consumes layer i's gradient factors.
+
+    Layer i's gradients are ∇W = δᵢᵀhᵢ₋₁ and ∇b = Σ δᵢ; ``write`` is called output layer first,
+    after δᵢ₋₁ has been computed from Wᵢ, so it may update layer i in place.
+    """
+    inputs: list[Tensor] = []
+    h = x.reshape(len(x), -1)
+    last = len(pairs) - 1
+    for i, (weight, bias) in enumerate(pairs):
+        inputs.append(h)
+        h = F.linear(h, weight, bias)
+        if i < last:
+            h = h.relu_()
+    log_p = h.log_softmax(dim=1)
+    loss = F.nll_loss(log_p, y)
+    n = len(y)
+    delta = log_p.exp_().div_(n)  # softmax(z) / B, in the buffer of log p (the loss is already taken)
+    delta.sub_(F.one_hot(y, delta.shape[1]), alpha=1.0 / n)  # − onehot(y) / B (deterministic on every device)
+    for i in range(last, -1, -1):
+        h_in = inputs[i]
+        # through the ReLU below, with autograd's own kernel: zero where its output h_in is 0
+        below = _THRESHOLD_BACKWARD(delta @ pairs[i][0], h_in, 0) if i > 0 else None
+        write(i, delta, h_in)
+        if below is not None:
+            delta = below
+    return loss
+
+
+@torch.no_grad()
+def chain_gradients_(pairs: Sequence[Pair], x: Tensor, y: Tensor, *, out: Sequence[Pair]) -> Tensor:
+    """The cross-entropy loss on ``(x, y)`` of the chain with layers ``pairs``; its gradients into ``out``.
+
+    ``out`` holds a (weight, bias) tensor of the same shapes for every layer (views of one flat
+    gradient vector, for instance); nothing else is written.
+
+    >>> torch.manual_seed(0) is not None
+    True
+    >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> x, y = torch.randn(5, 3), torch.tensor([0, 1, 1, 0, 1])
+    >>> nn.functional.cross_entropy(net(x), y).backward()
+    >>> pairs = [(net[0].weight, net[0].bias), (net[2].weight, net[2].bias)]
+    >>> out = [(torch.empty_like(w), torch.empty_like(b)) for w, b in pairs]
+    >>> loss = chain_gradients_(pairs, x, y, out=out)
+    >>> bool(torch.allclose(out[0][0], net[0].weight.grad)), bool(torch.allclose(out[1][1], net[2].bias.grad))
+    (True, True)
+    """
+
+    def write(i: int, delta: Tensor, h_in: Tensor) -> None:
+        grad_weight, grad_bias = out[i]
+        torch.mm(delta.t(), h_in, out=grad_weight)
+        if grad_bias is not None:
+            torch.sum(delta, 0, out=grad_bias)
+
+    return _forward_backward(pairs, x, y, write)
+
+
 @torch.no_grad()
 def fused_sgd_step_(
     layers: Sequence[nn.Linear], x: Tensor, y: Tensor, *, rates: Sequence[tuple[float, float]] | None
@@ -131,23 +197,10 @@ def fused_sgd_step_(
     >>> bool(torch.equal(loss, expected))
     True
     """
-    inputs: list[Tensor] = []
-    h = x.reshape(len(x), -1)
-    last = len(layers) - 1
-    for i, layer in enumerate(layers):
-        inputs.append(h)
-        h = F.linear(h, layer.weight, layer.bias)
-        if i < last:
-            h = h.relu_()
-    log_p = h.log_softmax(dim=1)
-    loss = F.nll_loss(log_p, y)
-    n = len(y)
-    delta = log_p.exp_().div_(n)  # softmax(z) / B, in the buffer of log p (the loss is already taken)
-    delta.sub_(F.one_hot(y, delta.shape[1]), alpha=1.0 / n)  # − onehot(y) / B (deterministic on every device)
-    for i in range(last, -1, -1):
-        layer, h_in = layers[i], inputs[i]
-        # through the ReLU below, with autograd's own kernel: zero where its output h_in is 0
-        below = _THRESHOLD_BACKWARD(delta @ layer.weight, h_in, 0) if i > 0 else None
+    pairs = [(layer.weight, layer.bias) for layer in layers]
+
+    def write(i: int, delta: Tensor, h_in: Tensor) -> None:
+        layer = layers[i]
         if rates is None:
             layer.weight.grad = delta.t() @ h_in
             if layer.bias is not None:
@@ -157,6 +210,5 @@ def fused_sgd_step_(
             layer.weight.addmm_(delta.t(), h_in, alpha=-weight_rate)
             if layer.bias is not None:
                 layer.bias.add_(delta.sum(0), alpha=-bias_rate)
-        if below is not None:
-            delta = below
-    return loss
+
+    return _forward_backward(pairs, x, y, write)

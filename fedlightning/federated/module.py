@@ -563,6 +563,7 @@ class FederatedModule(L.LightningModule):
         after_step: Callable[[], None] | None = None,
         after_epoch: Callable[[int], bool] | None = None,
         fused_chain: list[nn.Linear] | None = None,
+        writes_gradients: bool = False,
     ) -> LocalTraining:
         """Local mini-batch training of ``params`` on one client's data, in place.
 
@@ -576,7 +577,10 @@ class FederatedModule(L.LightningModule):
 
         ``fused_chain`` (the Linear layers of ``params``' model, given only when ``batch_loss``
         is the engine's cross-entropy on that model) replaces the loss, backward and plain-SGD
-        step by :func:`~fedlightning.federated.fused_step.fused_sgd_step_`.
+        step by :func:`~fedlightning.federated.fused_step.fused_sgd_step_`. With
+        ``writes_gradients``, ``batch_loss`` writes every trained parameter's gradient itself
+        (a step taken by hand, e.g. :meth:`fedlightning.methods.zampling.SampledNetwork.fused_gradient_`)
+        and returns the loss: no backward pass is run.
         """
         if after_epoch is not None and self.local_steps is not None:
             raise ConfigError(
@@ -611,7 +615,8 @@ class FederatedModule(L.LightningModule):
                 self._start_acc[0] += loss.detach().to(self._start_acc)
                 self._start_acc[1] += 1
             if chain is None:
-                loss.backward()
+                if not writes_gradients:
+                    loss.backward()
                 if self.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(trained, self.max_grad_norm)
             if rates is None:  # (with rates, the fused step has already updated the weights)
@@ -813,10 +818,6 @@ class FederatedModule(L.LightningModule):
         own = [h for h in hooks if getattr(cls, h) is not getattr(base, h)]
         if own:
             return f"its local work is its own ({', '.join(own)}), not the engine's cross-entropy steps"
-        loss = self.loss_fn
-        plain = type(loss) is nn.CrossEntropyLoss and loss.weight is None and loss.reduction == "mean"
-        if not plain or loss.label_smoothing:
-            return "its loss is not the plain cross-entropy"
         if self.max_grad_norm is not None:
             return "method.max_grad_norm clips each gradient"
         factory = self._round_optimizer  # resolved once per round (in training_step)
@@ -824,6 +825,17 @@ class FederatedModule(L.LightningModule):
             factory = resolved_optimizer_factory(self.client_optimizer, self.client_model) or self.client_optimizer
         if sgd_settings(factory) is None:
             return "its client optimiser is not torch.optim.SGD (method.client_optimizer)"
+        return self.chain_step_refusal()
+
+    def chain_step_refusal(self) -> str | None:
+        """Why the client model's cross-entropy steps cannot be taken by hand, whatever updates it (``None``: they can).
+
+        The part of :meth:`fused_step_refusal` about the loss, the precision and the model's layers.
+        """
+        loss = self.loss_fn
+        plain = type(loss) is nn.CrossEntropyLoss and loss.weight is None and loss.reduction == "mean"
+        if not plain or loss.label_smoothing:
+            return "its loss is not the plain cross-entropy"
         trainer = self.attached_trainer
         precision = str(getattr(trainer, "precision", "32-true")) if trainer is not None else "32-true"
         if "mixed" in precision:

@@ -68,6 +68,7 @@ from fedlightning.compression.arithmetic import BernoulliRangeCodec, LatticeCode
 from fedlightning.compression.codecs import BitPackCodec, Float32Codec
 from fedlightning.errors import ConfigError, MessageDecodeError
 from fedlightning.federated.aggregators import Aggregator, WeightedMean
+from fedlightning.federated.fused_step import Pair, chain_gradients_
 from fedlightning.federated.message import Bitstream, Message
 from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT
 from fedlightning.federated.params import assign_flat_, num_parameters
@@ -167,6 +168,10 @@ class ScoreEstimator:
         """The score a client starts from when the server's state is p."""
         raise NotImplementedError
 
+    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor) -> Tensor:
+        """∂L/∂s from ∂L/∂p, where p = :meth:`probability` (s) (the chain rule autograd applies)."""
+        raise NotImplementedError
+
     def weights(self, q: SparseQ) -> ZampledWeights:
         """w = Q·z with this estimator's backward (a fresh cache: one per client and round)."""
         return ZampledWeights(q, mask_frozen=self.mask_frozen, scale_by_p=self.scale_by_p)
@@ -185,6 +190,14 @@ class ClippedScore(ScoreEstimator):
     def score(self, p: Tensor) -> Tensor:
         return p.clone()
 
+    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor) -> Tensor:
+        """``grad_p`` where 0 ≤ s ≤ 1, else 0 (the clip passes its bounds, as autograd's does).
+
+        >>> ClippedScore("zampling").score_gradient(torch.tensor([-0.5, 0.0, 1.5]), None, torch.ones(3)).tolist()
+        [0.0, 1.0, 0.0]
+        """
+        return torch.where((s >= 0.0) & (s <= 1.0), grad_p, 0.0)
+
 
 class SigmoidScore(ScoreEstimator):
     """p = sigmoid(s) and s = logit(p), p kept in [1e-6, 1 − 1e-6]: arXiv 1905.01067, 2209.15328.
@@ -198,6 +211,14 @@ class SigmoidScore(ScoreEstimator):
 
     def score(self, p: Tensor) -> Tensor:
         return torch.logit(p.clamp(_LOGIT_EPS, 1.0 - _LOGIT_EPS))
+
+    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor) -> Tensor:
+        """``grad_p``·(1 − p)·p, in the order of autograd's sigmoid backward.
+
+        >>> SigmoidScore("zhou").score_gradient(None, torch.tensor([0.5]), torch.tensor([4.0])).tolist()
+        [1.0]
+        """
+        return grad_p * (1.0 - p) * p
 
 
 SCORE_ESTIMATORS: dict[str, ScoreEstimator] = {
@@ -449,6 +470,8 @@ class SampledNetwork(nn.Module):
         estimator: p as a function of s.
         sampling: sample masks (true) or use w = Q·p (false).
         generator: the client's mask stream.
+        chain: the Linear layers of ``network``'s model (:func:`~fedlightning.federated.fused_step.linear_chain`)
+            where its steps are taken by hand (:meth:`fused_gradient_`); ``None``: autograd only.
     """
 
     def __init__(
@@ -460,6 +483,7 @@ class SampledNetwork(nn.Module):
         estimator: ScoreEstimator,
         sampling: bool,
         generator: torch.Generator,
+        chain: Sequence[nn.Linear] | None = None,
     ) -> None:
         super().__init__()
         self.score = nn.Parameter(score.detach().clone())
@@ -469,6 +493,15 @@ class SampledNetwork(nn.Module):
         self._sampling = sampling
         self._generator = generator
         self._w: Tensor | None = None
+        self._chain = chain
+        self._grad: tuple[Tensor, list[Pair]] | None = None  # ∂L/∂w of the hand-taken step and its layer views
+        self._views: tuple[Tensor, list[Pair]] | None = None  # the w the layer views slice, and the views
+
+    def _pairs(self, w: Tensor) -> list[Pair]:
+        """(weight, bias) views of ``w`` for each layer of the chain, input to output."""
+        assert self._chain is not None
+        view = self._network.view_of
+        return [(view(w, layer.weight), None if layer.bias is None else view(w, layer.bias)) for layer in self._chain]
 
     def probabilities(self) -> Tensor:
         """p(s), differentiable."""
@@ -484,6 +517,34 @@ class SampledNetwork(nn.Module):
         if self._w is None:
             raise RuntimeError("SampledNetwork.resample() must draw a mask before the forward pass.")
         return self._network.forward(x, self._w)
+
+    def fused_gradient_(self, x: Tensor, y: Tensor) -> Tensor:
+        """One mini-batch by hand: the cross-entropy loss of a fresh mask's network, ∂L/∂s into ``score.grad``.
+
+        The same mask, w and gradient as :meth:`resample`, the forward pass and
+        ``loss.backward()`` (up to float rounding), without autograd: w = Q·z is updated in
+        place (:meth:`ZampledWeights.weights_for`), ∂L/∂w is written into one flat buffer
+        (:func:`~fedlightning.federated.fused_step.chain_gradients_`), then passed straight
+        through (:meth:`ZampledWeights.straight_through`) and through p(s)
+        (:meth:`ScoreEstimator.score_gradient`). Returns the loss.
+        """
+        if self._chain is None:
+            raise RuntimeError("This SampledNetwork has no layer chain to take its steps by hand.")
+        s = self.score.detach()
+        p = self._estimator.probability(s)
+        z = bernoulli_draw(p, self._generator) if self._sampling else p
+        self._weights.set_free(p)
+        w = self._weights.weights_for(z, in_place=True)
+        if self._views is None or self._views[0] is not w:  # a full product gives a new w
+            self._views = (w, self._pairs(w))
+        if self._grad is None:
+            grad_w = torch.empty_like(w)  # every entry is written: the chain covers all of the model's parameters
+            self._grad = (grad_w, self._pairs(grad_w))
+        loss = chain_gradients_(self._views[1], x, y, out=self._grad[1])
+        grad_p = self._weights.straight_through(self._grad[0], p)
+        self.score.grad = self._estimator.score_gradient(s, p, grad_p)
+        self._w = None  # the in-place w is the step's own: forward() needs resample() first
+        return loss
 
 
 # ---------------------------------------------------------------------------------- the method
@@ -752,7 +813,22 @@ class Zampling(FederatedModule):
             estimator=estimator,
             sampling=self.sampling,
             generator=self.generator(round_idx, client_id, "zampling_mask"),
+            chain=self._round_chain,
         )
+
+    @override
+    def fused_step_refusal(self) -> str | None:
+        """Why the clients' steps cannot be taken by hand (:meth:`SampledNetwork.fused_gradient_`; ``None``: they can).
+
+        Any client optimiser and ``max_grad_norm`` serve: the hand-taken step writes ∂L/∂s and
+        the optimiser applies it as usual.
+        """
+        cls = type(self)
+        hooks = ("client_update", "client_network", "local_train", "local_loss", "on_local_step_end")
+        own = [h for h in hooks if getattr(cls, h) is not getattr(Zampling, h)]
+        if own:
+            return f"its local work is its own ({', '.join(own)}), not the engine's cross-entropy steps"
+        return self.chain_step_refusal()
 
     def local_holdout(self, client_id: int, num_samples: int) -> tuple[Tensor, Tensor]:
         """(training, held-out) positions in a client's data for client-side early stopping.
@@ -825,7 +901,11 @@ class Zampling(FederatedModule):
         network = self.client_network(client_id=client_id, round_idx=round_idx, p_start=p_start)
         self.client_model.train()
 
+        fused = self._round_chain is not None  # steps by hand (fused_step_refusal allows it this round)
+
         def batch_loss(x: Tensor, y: Tensor) -> Tensor:
+            if fused:
+                return network.fused_gradient_(x, y)
             network.resample()  # a fresh mask for every mini-batch
             return self.local_loss(network, x, y)
 
@@ -841,6 +921,7 @@ class Zampling(FederatedModule):
             batch_loss=batch_loss,
             after_step=lambda: self.on_local_step_end(network),
             after_epoch=after_epoch,
+            writes_gradients=fused,
         )
         if restore is not None:
             restore()

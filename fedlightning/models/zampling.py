@@ -457,10 +457,7 @@ class _QProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_w: Tensor) -> tuple[Tensor | None, None, None]:  # type: ignore[override]
         (p,) = ctx.saved_tensors
-        grad = ctx.weights.masked_rmatvec(grad_w.contiguous())
-        if ctx.weights.scale_by_p:
-            grad = grad * p
-        return grad, None, None
+        return ctx.weights.straight_through(grad_w, p), None, None
 
 
 def q_product(p: Tensor, z: Tensor, q: SparseQ) -> Tensor:
@@ -552,18 +549,20 @@ class ZampledWeights:
         self._block: tuple[Tensor, Tensor, Tensor] | None = None  # (columns, membership, CSR block)
         self.stats = {"full": 0, "incremental": 0, "flipped": 0, "block_builds": 0, "free_gathers": 0}
 
-    def weights_for(self, z: Tensor) -> Tensor:
+    def weights_for(self, z: Tensor, *, in_place: bool = False) -> Tensor:
         """Q·z, reusing the previous product when few coordinates changed (no autograd).
 
-        Every call returns a new tensor (the incremental path copies the cached w and updates
-        the copy), so a w still referenced by an autograd graph is never modified in place.
+        By default every call returns a new tensor (the incremental path copies the cached w
+        and updates the copy), so a w still referenced by an autograd graph is never modified
+        in place. With ``in_place`` the incremental path updates the cached w itself and
+        returns it: valid until the next call (a step that keeps no graph of w).
         """
         z = z.detach().to(torch.float32)
         previous = self._z
         if self.fast and previous is not None and self._w is not None and self._since_refresh < self.refresh_every:
             changed = torch.nonzero(z != previous).squeeze(1)
             if changed.numel() <= self.incremental_fraction * self.q.n:
-                w = self._w.clone()
+                w = self._w if in_place else self._w.clone()
                 self.q.add_columns_(w, changed, (z - previous).index_select(0, changed), backend=self.backend)
                 self._w, self._z = w, z.clone()
                 self._since_refresh += 1
@@ -606,6 +605,11 @@ class ZampledWeights:
             out[columns] = torch.mv(csr, torch.cat([g.reshape(-1), g.new_zeros(1)]))
         return out if num_free == columns.numel() else out * free.to(g.dtype)
 
+    def straight_through(self, grad_w: Tensor, p: Tensor) -> Tensor:
+        """∂L/∂p from ∂L/∂w: Qᵀ·∂L/∂w (masked where p ∈ {0, 1}), times p for FedPM's estimator."""
+        grad = self.masked_rmatvec(grad_w.contiguous())
+        return grad * p if self.scale_by_p else grad
+
     def __call__(self, p: Tensor, z: Tensor) -> Tensor:
         """w = Q·z whose gradient flows to ``p`` (straight-through, masked where p ∈ {0, 1})."""
         self.set_free(p.detach())
@@ -629,6 +633,19 @@ class ZampledNetwork:
         self.shapes = [p.shape for _, p in model.named_parameters()]
         self.sizes = [p.numel() for _, p in model.named_parameters()]
         self.m = sum(self.sizes)
+        starts = np.cumsum([0, *self.sizes[:-1]]).tolist()
+        self._places = {id(p): (start, p.shape) for start, p in zip(starts, model.parameters(), strict=True)}
+
+    def view_of(self, w: Tensor, parameter: Tensor) -> Tensor:
+        """The slice of ``w`` (or of a gradient laid out like it) that stands for one of the model's parameters.
+
+        >>> from fedlightning.models.mlp import MLP
+        >>> net = ZampledNetwork(MLP(in_features=2, hidden=[], num_classes=2))
+        >>> net.view_of(torch.arange(6.0), net.model.net[1].bias).tolist()
+        [4.0, 5.0]
+        """
+        start, shape = self._places[id(parameter)]
+        return w[start : start + shape.numel()].view(shape)
 
     def views(self, w: Tensor) -> dict[str, Tensor]:
         """Name → view of ``w`` shaped like that parameter."""
