@@ -193,9 +193,14 @@ class ClippedScore(ScoreEstimator):
     def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor) -> Tensor:
         """``grad_p`` where 0 ≤ s ≤ 1, else 0 (the clip passes its bounds, as autograd's does).
 
-        >>> ClippedScore("zampling").score_gradient(torch.tensor([-0.5, 0.0, 1.5]), None, torch.ones(3)).tolist()
+        With ``mask_frozen`` the straight-through ``grad_p`` is already 0 wherever p ∈ {0, 1},
+        which includes every s outside [0, 1], so it is returned as it is.
+
+        >>> ClippedScore("clip").score_gradient(torch.tensor([-0.5, 0.0, 1.5]), None, torch.ones(3)).tolist()
         [0.0, 1.0, 0.0]
         """
+        if self.mask_frozen:
+            return grad_p
         return torch.where((s >= 0.0) & (s <= 1.0), grad_p, 0.0)
 
 

@@ -195,6 +195,7 @@ class SparseQ:
         self._csr: Tensor | None = None
         self._csr_t: Tensor | None = None
         self._slabs: tuple[np.ndarray, np.ndarray] | None = None
+        self._csc: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._padded: tuple[Tensor, Tensor] | None = None
 
     @property
@@ -232,6 +233,12 @@ class SparseQ:
             vals_t = np.ascontiguousarray(self.vals.cpu().to(torch.float32).numpy().T)
             self._slabs = (cols_t, vals_t)
         return self._slabs
+
+    def csc_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(col_ptr, col_rows as uint32, col_vals): the CSC as the compiled kernels take it (CPU only), made once."""
+        if self._csc is None:
+            self._csc = (self.col_ptr.numpy(), self.col_rows.numpy().view(np.uint32), self.col_vals.numpy())
+        return self._csc
 
     def compiled(self, backend: Backend = "auto") -> bool:
         """Whether products run on the compiled kernels: CPU tensors unless ``backend="torch"``."""
@@ -309,14 +316,7 @@ class SparseQ:
         if not self.compiled("compiled"):
             raise ConfigError("free_rmatvec runs on the compiled CPU kernels; use masked products on a GPU.")
         out = torch.empty(self.n)
-        _kernels().free_rmatvec(
-            self.col_ptr.numpy(),
-            self.col_rows.numpy().view(np.uint32),
-            self.col_vals.numpy(),
-            free.contiguous().numpy(),
-            g.contiguous().numpy(),
-            out.numpy(),
-        )
+        _kernels().free_rmatvec(*self.csc_arrays(), free.contiguous().numpy(), g.contiguous().numpy(), out.numpy())
         return out
 
     def column_block(self, columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -342,14 +342,13 @@ class SparseQ:
         self._check_length(w, self.m, "w")
         if columns.shape != coef.shape or int(columns.min()) < 0 or int(columns.max()) >= self.n:
             raise ValueError(f"add_columns_ needs one coefficient per column index in [0, {self.n}).")
+        self._add_columns_unchecked(w, columns, coef, backend=backend)
+
+    def _add_columns_unchecked(self, w: Tensor, columns: Tensor, coef: Tensor, *, backend: Backend) -> None:
+        """:meth:`add_columns_` for arguments known to be valid (indices from ``nonzero`` of a length-n vector)."""
         if self.compiled(backend) and w.dtype == torch.float32 and w.is_contiguous():
             _kernels().add_columns(
-                self.col_ptr.numpy(),
-                self.col_rows.numpy().view(np.uint32),
-                self.col_vals.numpy(),
-                columns.to(torch.int64).numpy(),
-                coef.to(torch.float32).numpy(),
-                w.numpy(),
+                *self.csc_arrays(), columns.to(torch.int64).numpy(), coef.to(torch.float32).numpy(), w.numpy()
             )
             return
         rows, vals = self.padded_columns()
@@ -563,7 +562,10 @@ class ZampledWeights:
             changed = torch.nonzero(z != previous).squeeze(1)
             if changed.numel() <= self.incremental_fraction * self.q.n:
                 w = self._w if in_place else self._w.clone()
-                self.q.add_columns_(w, changed, (z - previous).index_select(0, changed), backend=self.backend)
+                if changed.numel():
+                    self.q._add_columns_unchecked(
+                        w, changed, (z - previous).index_select(0, changed), backend=self.backend
+                    )
                 self._w, self._z = w, z.clone()
                 self._since_refresh += 1
                 self.stats["incremental"] += 1
