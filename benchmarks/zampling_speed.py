@@ -38,12 +38,15 @@ Part 5 (``--s5-run R``), S5 against S1 along a run: one Trainer trains S5 for R 
 round one S1 round (FedAvg, batch 32, its own module and a fresh Trainer) is timed in the same
 process, so every S5 round has an S1 round of the same moment to compare with. It prints the
 ratio per round, S5's frozen fraction of p, and the mean ratio over rounds 1–10, 11–20, ….
+``--s5-autograd`` runs S5's client steps through autograd instead of by hand
+(``fused_local_step=false``), ``--s5-fused-adam`` gives its clients ``Adam(fused=True)``.
 
 All timings interleave the candidates within every repetition and report medians:
 
     python benchmarks/zampling_speed.py --data-root ../shared/data --kernels --repeats 21 --rounds 12
     python benchmarks/zampling_speed.py --data-root ../shared/data --repeats 0 --rounds 0 --s5 5
     python benchmarks/zampling_speed.py --data-root ../shared/data --repeats 0 --rounds 0 --s5-run 30
+    python benchmarks/zampling_speed.py --data-root ../shared/data --repeats 0 --rounds 0 --s5-run 40 --s5-autograd
 
 Timings on a shared machine are noisy: compare the ratios printed at the end.
 """
@@ -356,10 +359,14 @@ class _InterleavedS1(L.Callback):
         print(f"round {r}: S5 {a:.2f} s, S1 {b:.2f} s, S5/S1 {a / b:.2f}, frozen {self.frozen[-1]:.3f}", flush=True)
 
 
-def s5_run_benchmark(data_root: str, rounds: int, *, autograd: bool = False) -> dict[str, list[float]]:
+def s5_run_benchmark(
+    data_root: str, rounds: int, *, autograd: bool = False, fused_adam: bool = False
+) -> dict[str, list[float]]:
     """S5 trained for ``rounds`` rounds in one run, an S1 round timed after each (seconds).
 
-    ``autograd``: S5's clients step through autograd (``fused_local_step=false``) instead of by hand.
+    ``autograd``: S5's clients step through autograd (``fused_local_step=false``) instead of by
+    hand. ``fused_adam``: their Adam is ``torch.optim.Adam(..., fused=True)`` (one kernel per
+    step; the same update up to float rounding) instead of the default implementation.
     """
     dm = MNISTDataModule(root=data_root, num_clients=10, partition=IIDPartition())
     dm.setup("fit")
@@ -369,7 +376,8 @@ def s5_run_benchmark(data_root: str, rounds: int, *, autograd: bool = False) -> 
 
     sgd = functools.partial(torch.optim.SGD, lr=0.05)  # as the command builds it: fused local steps
     s1 = FedAvg(model=mnistfc(), datamodule=dm, client_optimizer=sgd, batch_size=32)
-    s5 = Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=32)
+    adam = functools.partial(torch.optim.Adam, lr=0.1, fused=True) if fused_adam else None
+    s5 = Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=32, client_optimizer=adam)
     s5.fused_local_step = False if autograd else "auto"
     _one_round(s1)  # warm-up: the first S1 round pays one-time costs of the process
     interleave = _InterleavedS1(s1)
@@ -403,12 +411,15 @@ def main() -> None:
     parser.add_argument("--s5", type=int, default=0, help="interleaved S5-vs-S1 repetitions (0: skip)")
     parser.add_argument("--s5-run", type=int, default=0, help="S5 rounds of one run, an S1 round after each (0: skip)")
     parser.add_argument("--s5-autograd", action="store_true", help="--s5-run with S5's local steps through autograd")
+    parser.add_argument("--s5-fused-adam", action="store_true", help="--s5-run with S5's Adam fused=True")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.s5 > 0:
         s5_report(s5_benchmark(args.data_root, args.s5))
     if args.s5_run > 0:
-        s5_run_report(s5_run_benchmark(args.data_root, args.s5_run, autograd=args.s5_autograd))
+        s5_run_report(
+            s5_run_benchmark(args.data_root, args.s5_run, autograd=args.s5_autograd, fused_adam=args.s5_fused_adam)
+        )
     if args.kernels:
         print("kernels, m/n = 32, d = 10, median ms:")
         for name, ms in kernel_benchmark(args.repeats).items():
