@@ -364,9 +364,9 @@ class FederatedDataModule(L.LightningDataModule):
         if cached is not None:
             self._client_cache.move_to_end(cid)
             return cached
-        index = torch.from_numpy(self.client_indices(cid).copy())  # the partition is read-only
+        index = torch.from_numpy(self.client_indices(cid).astype(np.int64))  # a copy: the partition is read-only
         x, y = self._train_tensors()
-        cached = (x[index], y[index])
+        cached = (x.index_select(0, index), y.index_select(0, index))  # x[index], without advanced indexing's set-up
         size = cached[0].nbytes + cached[1].nbytes
         if size <= self.client_cache_bytes:
             self._client_cache[cid] = cached
