@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from fedlightning.federated import aggregation as agg
-from fedlightning.federated import aggregators, kernels
-from fedlightning.federated.aggregators import COMPILED_FOLD_MIN, WeightedMean, fold_into_, participation_weights
+from fedlightning.federated.aggregators import WeightedMean, participation_weights
 from fedlightning.federated.server_optim import FedOpt
 
 
@@ -36,44 +35,6 @@ def test_weighted_mean_reduces_two_shares_to_the_whole() -> None:
         (first if k < 2 else second).accumulate(x, weight=k + 1.0)
     first.all_reduce(lambda t: t + second.packed())
     assert first.count == 3 and torch.equal(first.result(), whole.result())
-
-
-def _record_compiled_folds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    original = kernels.fold_float32
-    monkeypatch.setattr(
-        kernels, "fold_float32", lambda x, sums, weight: calls.append(len(x)) or original(x, sums, weight)
-    )
-    return calls
-
-
-def test_compiled_fold_gives_the_bits_of_torch_add_over_many_uploads(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _record_compiled_folds(monkeypatch)
-    gen = torch.Generator().manual_seed(0)
-    n = COMPILED_FOLD_MIN + 3  # above the threshold, and not a multiple of any vector width
-    compiled = torch.randn(n, dtype=torch.float64, generator=gen)
-    reference = compiled.clone()
-    for k in range(20):  # weights of every sign and scale, uploads of every scale
-        x = torch.randn(n, generator=gen) * 10.0 ** (k % 7 - 3)
-        weight = float(torch.randn((), generator=gen, dtype=torch.float64)) / (k + 1)
-        fold_into_(compiled, x, weight)
-        reference.add_(x, alpha=weight)  # torch's mixed-dtype fused multiply-add
-        assert torch.equal(compiled, reference), k
-    assert calls == [n] * 20  # every fold took the compiled loop
-
-
-def test_small_float64_or_strided_uploads_fold_through_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _record_compiled_folds(monkeypatch)
-    monkeypatch.setattr(aggregators, "COMPILED_FOLD_MIN", 4)
-    sums = torch.zeros(4, dtype=torch.float64)
-    fold_into_(sums[:3], torch.ones(3), 1.0)  # below the threshold
-    fold_into_(sums[:3], torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64), 2.0)  # float64
-    fold_into_(sums, torch.arange(8.0)[::2], -1.0)  # a strided view
-    assert calls == []
-    assert sums.tolist() == [3.0, 3.0, 3.0, -6.0]
-    fold_into_(sums, torch.ones(4), 0.5)  # contiguous float32 at the threshold
-    assert calls == [4]
-    assert sums.tolist() == [3.5, 3.5, 3.5, -5.5]
 
 
 def test_all_reduce_sums_the_round_statistics_in_the_same_collective() -> None:

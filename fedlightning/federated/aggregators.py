@@ -30,42 +30,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["Aggregator", "Estimator", "WeightedMean", "fold_into_", "participation_weights"]
+__all__ = ["Aggregator", "Estimator", "WeightedMean", "participation_weights"]
 
 Estimator = Literal["normalised", "unbiased"]
 Reduce = Callable[[Tensor], Tensor]
 ESTIMATORS: tuple[Estimator, ...] = ("normalised", "unbiased")
-
-COMPILED_FOLD_MIN = 1 << 15
-"""Uploads of at least this many float32 entries are folded by the compiled loop (smaller ones,
-e.g. the bundled digits model's, never import numba)."""
-
-
-def fold_into_(sums: Tensor, x: Tensor, weight: float) -> None:
-    """sums ← sums + weight·x, a flat upload ``x`` read into flat float64 ``sums`` in place.
-
-    Large contiguous float32 uploads on the CPU go through
-    :func:`fedlightning.federated.kernels.fold_float32` (the same bits as ``add_``, in about
-    half the time); everything else through ``sums.add_(x, alpha=weight)``.
-
-    >>> sums = torch.zeros(2, dtype=torch.float64)
-    >>> fold_into_(sums, torch.tensor([1.0, -2.0]), 0.5)
-    >>> sums.tolist()
-    [0.5, -1.0]
-    """
-    if (
-        x.numel() >= COMPILED_FOLD_MIN
-        and x.dtype == torch.float32
-        and sums.dtype == torch.float64
-        and x.device.type == sums.device.type == "cpu"
-        and x.is_contiguous()
-        and sums.is_contiguous()
-    ):
-        from fedlightning.federated.kernels import fold_float32  # numba: imported where it pays
-
-        fold_float32(x.detach().numpy(), sums.numpy(), float(weight))
-        return
-    sums.add_(x.to(sums.device), alpha=float(weight))
 
 
 def participation_weights(shares: Tensor, inclusion_probabilities: Tensor, estimator: Estimator) -> Tensor:
@@ -153,7 +122,7 @@ class WeightedMean(Aggregator):
         flat = decoded.reshape(-1)
         if flat.numel() != self.dim:
             raise ValueError(f"An upload of {flat.numel()} entries reached an aggregator of dimension {self.dim}.")
-        fold_into_(self.sums[: self.dim], flat, float(weight))  # float32 read into float64
+        self.sums[: self.dim].add_(flat.to(self.sums.device), alpha=float(weight))  # float32 read into float64
         self.sums[self.dim] += float(weight if mass is None else mass)
         self.count += 1
 
