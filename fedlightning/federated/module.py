@@ -190,6 +190,18 @@ def resolved_optimizer_factory(factory: OptimizerFactory, model: nn.Module) -> O
     return functools.partial(optimizer_class, *factory.args, **factory.keywords)
 
 
+def own_local_work(cls: type, base: type, hooks: tuple[str, ...], engine_work: str) -> str | None:
+    """Why ``cls`` does not run ``engine_work``: the ``hooks`` it defines otherwise than ``base`` (``None``: none).
+
+    >>> class Own(FederatedModule):
+    ...     def local_loss(self, model, x, y): ...
+    >>> own_local_work(Own, FederatedModule, ("client_update", "local_loss"), "the engine's local SGD")
+    "its local work is its own (local_loss), not the engine's local SGD"
+    """
+    own = [h for h in hooks if getattr(cls, h) is not getattr(base, h)]
+    return f"its local work is its own ({', '.join(own)}), not {engine_work}" if own else None
+
+
 def _check_switch(key: str, value: object, refusal: Callable[[], str | None], action: str) -> None:
     """Refuse ``key=true`` where ``refusal()`` names a reason, and any value but auto, true or false."""
     if value is True:
@@ -782,13 +794,12 @@ class FederatedModule(L.LightningModule):
     # ------------------------------------------------------------------ the vectorised cohort
     def vectorised_refusal(self) -> str | None:
         """Why :mod:`fedlightning.federated.vectorised` cannot train this module's clients (``None``: it can)."""
-        cls, base = type(self), FederatedModule
         if self.per_client_downlink:
             return "each client receives its own message (per_client_downlink)"
         hooks = ("client_update", "local_train", "local_loss", "make_client_optimizer", "client_batches")
-        own = [h for h in (*hooks, "on_local_step_end") if getattr(cls, h) is not getattr(base, h)]
+        own = own_local_work(type(self), FederatedModule, (*hooks, "on_local_step_end"), "the engine's local SGD")
         if own:
-            return f"its local work is its own ({', '.join(own)}), not the engine's local SGD"
+            return own
         from fedlightning.datamodules.base import FederatedDataModule
 
         dm = type(self.datamodule)
@@ -813,11 +824,10 @@ class FederatedModule(L.LightningModule):
 
     def fused_step_refusal(self) -> str | None:
         """Why :mod:`fedlightning.federated.fused_step` cannot take this module's local steps (``None``: it can)."""
-        cls, base = type(self), FederatedModule
         hooks = ("client_update", "local_train", "local_loss", "on_local_step_end")
-        own = [h for h in hooks if getattr(cls, h) is not getattr(base, h)]
+        own = own_local_work(type(self), FederatedModule, hooks, "the engine's cross-entropy steps")
         if own:
-            return f"its local work is its own ({', '.join(own)}), not the engine's cross-entropy steps"
+            return own
         if self.max_grad_norm is not None:
             return "method.max_grad_norm clips each gradient"
         factory = self._round_optimizer  # resolved once per round (in training_step)

@@ -70,7 +70,7 @@ from fedlightning.errors import ConfigError, MessageDecodeError
 from fedlightning.federated.aggregators import Aggregator, WeightedMean
 from fedlightning.federated.fused_step import Pair, chain_gradients_
 from fedlightning.federated.message import Bitstream, Message
-from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT
+from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT, own_local_work
 from fedlightning.federated.params import assign_flat_, num_parameters
 from fedlightning.federated.payloads import Payload
 from fedlightning.models.zampling import SparseQ, ZampledNetwork, ZampledWeights, row_fan_in, zampling_q
@@ -828,12 +828,10 @@ class Zampling(FederatedModule):
         Any client optimiser and ``max_grad_norm`` serve: the hand-taken step writes ∂L/∂s and
         the optimiser applies it as usual.
         """
-        cls = type(self)
         hooks = ("client_update", "client_network", "local_train", "local_loss", "on_local_step_end")
-        own = [h for h in hooks if getattr(cls, h) is not getattr(Zampling, h)]
-        if own:
-            return f"its local work is its own ({', '.join(own)}), not the engine's cross-entropy steps"
-        return self.chain_step_refusal()
+        return (
+            own_local_work(type(self), Zampling, hooks, "the engine's cross-entropy steps") or self.chain_step_refusal()
+        )
 
     def local_holdout(self, client_id: int, num_samples: int) -> tuple[Tensor, Tensor]:
         """(training, held-out) positions in a client's data for client-side early stopping.
