@@ -896,11 +896,14 @@ def test_mask_codec_refuses_a_stream_whose_flag_is_not_its_choice() -> None:
 
 
 # ---------------------------------------------------------------------------------- steps by hand
-def _sampled_pair(estimator: str, *, sampling: bool = True) -> tuple[SampledNetwork, SampledNetwork, Tensor, Tensor]:
+def _sampled_pair(
+    estimator: str, *, sampling: bool = True, mask_frozen: bool | None = None
+) -> tuple[SampledNetwork, SampledNetwork, Tensor, Tensor]:
     """Two identical client networks on the small MLP (one for autograd, one by hand) and a batch.
 
     p starts with a third of its coordinates frozen at exactly 0 or 1, so the masked backward
-    and the clip's bounds are exercised.
+    and the clip's bounds are exercised. ``mask_frozen`` overrides the estimator's own rule for
+    the Q·z product.
     """
     q = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=4)
     gen = torch.Generator().manual_seed(0)
@@ -912,7 +915,7 @@ def _sampled_pair(estimator: str, *, sampling: bool = True) -> tuple[SampledNetw
         SampledNetwork(
             est.score(p),
             network=ZampledNetwork(SMALL),
-            weights=est.weights(q),
+            weights=est.weights(q) if mask_frozen is None else ZampledWeights(q, mask_frozen=mask_frozen),
             estimator=est,
             sampling=sampling,
             generator=torch.Generator().manual_seed(7),
@@ -925,12 +928,19 @@ def _sampled_pair(estimator: str, *, sampling: bool = True) -> tuple[SampledNetw
 
 
 @pytest.mark.parametrize(
-    ("estimator", "sampling"), [("zampling", True), ("zampling", False), ("zhou", True), ("fedpm", True)]
+    ("estimator", "sampling", "mask_frozen"),
+    [
+        ("zampling", True, None),
+        ("zampling", False, None),
+        ("zampling", True, False),  # the clip without the gradient mask: its own derivative zeroes s outside [0, 1]
+        ("zhou", True, None),
+        ("fedpm", True, None),
+    ],
 )
 def test_hand_taken_step_equals_autograd_in_loss_and_score_gradient_over_adam_steps(
-    estimator: str, sampling: bool
+    estimator: str, sampling: bool, mask_frozen: bool | None
 ) -> None:
-    reference, by_hand, x, y = _sampled_pair(estimator, sampling=sampling)
+    reference, by_hand, x, y = _sampled_pair(estimator, sampling=sampling, mask_frozen=mask_frozen)
     optimizers = [torch.optim.Adam(net.parameters(), lr=0.05) for net in (reference, by_hand)]
     for step in range(12):  # Adam moves s, so later steps draw other masks and flip bits incrementally
         for opt in optimizers:
@@ -946,10 +956,13 @@ def test_hand_taken_step_equals_autograd_in_loss_and_score_gradient_over_adam_st
         g_ref, g_hand = reference.score.grad, by_hand.score.grad
         assert g_ref is not None and g_hand is not None
         assert torch.allclose(g_hand, g_ref, rtol=1e-4, atol=1e-7), (step, (g_hand - g_ref).abs().max())
-        if estimator == "zampling":  # no gradient where p is 0 or 1 (nor where s left [0, 1])
+        if estimator == "zampling" and mask_frozen is None:  # no gradient where p is 0 or 1
             p = reference.probabilities().detach()
             assert torch.all(g_hand[(p == 0) | (p == 1)] == 0)
             assert int(((p == 0) | (p == 1)).sum()) > 100
+        if mask_frozen is False:  # the clip's own derivative: none where s ∉ (0, 1)
+            outside = (reference.score <= 0) | (reference.score >= 1)
+            assert bool(outside.any()) and torch.all(g_hand[outside] == 0)
         for opt in optimizers:
             opt.step()
         assert torch.allclose(by_hand.score, reference.score, rtol=1e-5, atol=1e-6), step

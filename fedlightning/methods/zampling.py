@@ -168,8 +168,12 @@ class ScoreEstimator:
         """The score a client starts from when the server's state is p."""
         raise NotImplementedError
 
-    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor) -> Tensor:
-        """∂L/∂s from ∂L/∂p, where p = :meth:`probability` (s) (the chain rule autograd applies)."""
+    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor, *, zero_where_frozen: bool = False) -> Tensor:
+        """∂L/∂s from ∂L/∂p, where p = :meth:`probability` (s) (the chain rule autograd applies).
+
+        ``zero_where_frozen``: ``grad_p`` is already 0 wherever p ∈ {0, 1} (a masked straight-through
+        gradient), which lets an estimator skip work its derivative would do there.
+        """
         raise NotImplementedError
 
     def weights(self, q: SparseQ) -> ZampledWeights:
@@ -190,18 +194,18 @@ class ClippedScore(ScoreEstimator):
     def score(self, p: Tensor) -> Tensor:
         return p.clone()
 
-    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor) -> Tensor:
-        """``grad_p`` where 0 ≤ s ≤ 1, else 0 (the clip passes its bounds, as autograd's does).
+    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor, *, zero_where_frozen: bool = False) -> Tensor:
+        """``grad_p`` where 0 < s < 1, else 0 (autograd's clamp passes no gradient at its bounds either).
 
-        With ``mask_frozen`` the straight-through ``grad_p`` is already 0 wherever p ∈ {0, 1},
-        which includes every s outside [0, 1], so it is returned as it is.
+        With ``zero_where_frozen`` it is returned as it is: p ∈ {0, 1} exactly where s ∉ (0, 1).
 
-        >>> ClippedScore("clip").score_gradient(torch.tensor([-0.5, 0.0, 1.5]), None, torch.ones(3)).tolist()
-        [0.0, 1.0, 0.0]
+        >>> s = torch.tensor([-0.5, 0.0, 0.5, 1.0, 1.5])
+        >>> ClippedScore("clip").score_gradient(s, None, torch.ones(5)).tolist()
+        [0.0, 0.0, 1.0, 0.0, 0.0]
         """
-        if self.mask_frozen:
+        if zero_where_frozen:
             return grad_p
-        return torch.where((s >= 0.0) & (s <= 1.0), grad_p, 0.0)
+        return torch.where((s > 0.0) & (s < 1.0), grad_p, 0.0)
 
 
 class SigmoidScore(ScoreEstimator):
@@ -217,7 +221,7 @@ class SigmoidScore(ScoreEstimator):
     def score(self, p: Tensor) -> Tensor:
         return torch.logit(p.clamp(_LOGIT_EPS, 1.0 - _LOGIT_EPS))
 
-    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor) -> Tensor:
+    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor, *, zero_where_frozen: bool = False) -> Tensor:
         """``grad_p``·(1 − p)·p, in the order of autograd's sigmoid backward.
 
         >>> SigmoidScore("zhou").score_gradient(None, torch.tensor([0.5]), torch.tensor([4.0])).tolist()
@@ -547,7 +551,7 @@ class SampledNetwork(nn.Module):
             self._grad = (grad_w, self._pairs(grad_w))
         loss = chain_gradients_(self._views[1], x, y, out=self._grad[1])
         grad_p = self._weights.straight_through(self._grad[0], p)
-        self.score.grad = self._estimator.score_gradient(s, p, grad_p)
+        self.score.grad = self._estimator.score_gradient(s, p, grad_p, zero_where_frozen=self._weights.mask_frozen)
         self._w = None  # the in-place w is the step's own: forward() needs resample() first
         return loss
 
