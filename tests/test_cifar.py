@@ -33,6 +33,7 @@ def test_python_batches_layout_and_normalisation(tmp_path: Path) -> None:
     dm = CIFAR10DataModule(root=str(tmp_path), num_clients=2, val_fraction=0.0)
     dm.setup("fit")
     x, _ = dm._train_tensors()
+    x = x[np.argsort(dm.train_index)]  # stored client by client; back in the order the files hold them
     assert x.dtype == torch.uint8 and x.shape == (20, 3, 32, 32) and not dm.notice
     # rows of ``data`` are the R plane, then G, then B
     assert torch.equal(x[0, 1].flatten(), torch.from_numpy(data[0, 1024:2048]))
@@ -107,7 +108,7 @@ def test_jpeg_tar_cache_outside_the_data(tmp_path: Path) -> None:
     listing = sorted(p.name for p in root.rglob("*"))
     dm = CIFAR10DataModule(root=str(root), num_clients=2, val_fraction=0.0, cache_dir=str(cache))
     dm.setup("fit")
-    assert dm._train_tensors()[1].tolist() == [0, 0, 0, 3, 3, 3]  # airplane before cat
+    assert dm._train_tensors()[1][np.argsort(dm.train_index)].tolist() == [0, 0, 0, 3, 3, 3]  # airplane before cat
     assert len(list(cache.rglob("*.npz"))) == 1 and sorted(p.name for p in root.rglob("*")) == listing
     again = CIFAR10DataModule(root=str(root), num_clients=2, val_fraction=0.0, cache_dir=str(cache))
     again.setup("fit")
@@ -207,5 +208,6 @@ def test_protocol_2_batches_as_the_official_files_load(tmp_path: Path) -> None:
         (tmp_path / "cifar-10-batches-py" / name).write_bytes(pickle.dumps(part, protocol=2))
     dm = CIFAR10DataModule(root=str(tmp_path), num_clients=2, val_fraction=0.0)
     dm.setup("fit")
-    x, y = dm._train_tensors()
+    loaded = np.argsort(dm.train_index)  # stored client by client; back in the order the files hold them
+    x, y = (t[loaded] for t in dm._train_tensors())
     assert torch.equal(x.reshape(10, -1), torch.from_numpy(data[:10])) and y.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]

@@ -48,7 +48,8 @@ def test_digits_sizes_and_tensors() -> None:
     x, y = dm.client_tensors(3)
     assert x.shape == (dm.client_sizes[3], 1, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.int64
     assert x.is_contiguous() and float(x.min()) >= 0.0 and float(x.max()) <= 1.0
-    assert dm.client_tensors(3)[0] is x  # cached
+    stored = dm._train_tensors()[0]
+    assert x.untyped_storage().data_ptr() == stored.untyped_storage().data_ptr()  # a slice, not a copy
     assert dm.label_histogram().shape == (7, 10) and dm.label_histogram().sum() == dm.num_train_samples
     np.testing.assert_array_equal(dm.label_histogram()[3], np.bincount(y.numpy(), minlength=10))
 
@@ -193,8 +194,11 @@ def test_a_partitioner_without_seed_keyword_is_refused() -> None:
     with pytest.raises(TypeError, match=r"must be called as partition\(labels, num_clients, \*, seed\)"):
         DigitsDataModule(num_clients=3, partition=old_style)
     dm = DigitsDataModule(num_clients=3, partition=functools.partial(dirichlet_partition, alpha=0.4), seed=1)
-    expected = dirichlet_partition(dm._train_tensors()[1].numpy(), 3, seed=1, alpha=0.4)
-    assert all(np.array_equal(dm.client_indices(k), expected[k]) for k in range(3))
+    dm.setup("fit")
+    partitioned = np.argsort(dm.train_index)  # the training set in the order it was partitioned
+    expected = dirichlet_partition(dm._train_tensors()[1].numpy()[partitioned], 3, seed=1, alpha=0.4)
+    own = [dm.train_index[dm.client_indices(k)] for k in range(3)]
+    assert all(np.array_equal(own[k], dm.train_index[partitioned][expected[k]]) for k in range(3))
 
 
 def test_loader_options_reach_every_loader_and_one_worker_gives_the_same_batches() -> None:

@@ -1,4 +1,4 @@
-"""Many clients: 100,000 registered clients cost their index arrays only, client data is gathered lazily."""
+"""Many clients: 100,000 registered clients cost their index arrays only; client data are slices of the training set."""
 
 from __future__ import annotations
 
@@ -37,33 +37,30 @@ def test_iid_partition_of_100k_clients_is_packed_and_exact() -> None:
     assert all((np.diff(parts[k]) > 0).all() for k in (0, 50_000, 99_999))  # sorted inside each client
 
 
-def test_100k_client_datamodule_materialises_no_client_data_at_setup() -> None:
+def test_100k_clients_are_slices_of_one_training_set_holding_their_loaded_rows() -> None:
     dm = SyntheticLogisticDataModule(num_clients=100_000, num_samples=200_000, dim=2, val_fraction=0.0)
     dm.setup("fit")
     assert isinstance(dm._parts, ClientPartition)
-    assert dm._client_cache == {}  # nothing per client until a client trains
     assert len(dm.client_sizes) == 100_000 and sum(dm.client_sizes) == 200_000
-    x, y = dm._train_tensors()
-    cx, cy = dm.client_tensors(99_999)
-    idx = torch.from_numpy(dm.client_indices(99_999).copy())
-    assert torch.equal(cx, x[idx]) and torch.equal(cy, y[idx])
-    assert list(dm._client_cache) == [99_999]
+    (loaded_x, loaded_y), _ = dm._load()
+    x = dm._train_tensors()[0]
+    for cid in (0, 54_321, 99_999):
+        cx, cy = dm.client_tensors(cid)
+        assert cx.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()  # no per-client copy
+        rows = torch.from_numpy(dm.train_index[dm.client_indices(cid)])
+        assert len(rows) == dm.client_sizes[cid]
+        assert torch.equal(cx, loaded_x[rows]) and torch.equal(cy, loaded_y[rows])
+    with pytest.raises(IndexError, match=r"client id 100000 is out of range"):
+        dm.client_tensors(100_000)
 
 
-def test_client_tensor_cache_stays_within_its_byte_budget_and_drops_least_recent_first() -> None:
-    # 10 samples per client: 10 x (4 float32 features + one int64 label) = 240 bytes each
-    dm = SyntheticLogisticDataModule(num_clients=100, num_samples=1_000, dim=4, val_fraction=0.0)
-    dm.client_cache_bytes = 3 * 240
+def test_clients_whose_samples_are_apart_in_the_training_set_are_gathered() -> None:
+    dm = SyntheticLogisticDataModule(num_clients=4, num_samples=40, dim=3, val_fraction=0.0)
     dm.setup("fit")
     x, y = dm._train_tensors()
-    for cid in range(10):
-        dm.client_tensors(cid)
-    dm.client_tensors(7)  # used again: the most recent
-    assert list(dm._client_cache) == [8, 9, 7] and dm._client_cache_bytes == 720
-    first = dm.client_tensors(0)  # gathered again after its eviction, same values
-    idx = torch.from_numpy(dm.client_indices(0).copy())
-    assert torch.equal(first[0], x[idx]) and torch.equal(first[1], y[idx])
-    assert list(dm._client_cache) == [9, 7, 0]
+    dm._parts = [np.arange(k, 40, 4) for k in range(4)]  # as a subclass's own setup might leave them
+    cx, cy = dm.client_tensors(1)
+    assert torch.equal(cx, x[1::4]) and torch.equal(cy, y[1::4])
 
 
 @pytest.mark.slow

@@ -21,7 +21,6 @@ import inspect
 import json
 import logging
 import os
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -138,9 +137,6 @@ class FederatedDataModule(L.LightningDataModule):
     #: True for generated data (the samples themselves change with ``seed``): a saved partition
     #: is then reused only under the seed it was saved with.
     data_depends_on_seed: bool = False
-    #: Most bytes of gathered client tensors kept by :meth:`client_tensors` (least recently used
-    #: dropped first).
-    client_cache_bytes: int = 512 * 2**20
 
     def __init__(
         self,
@@ -206,8 +202,7 @@ class FederatedDataModule(L.LightningDataModule):
         self._test: tuple[Tensor, Tensor] | None = None
         self._partition = ClientPartition.from_parts([])
         self._client_sizes: list[int] | None = None
-        self._client_cache: OrderedDict[int, tuple[Tensor, Tensor]] = OrderedDict()
-        self._client_cache_bytes = 0
+        self._clients_are_slices = True
 
     # -- to implement -------------------------------------------------------------------
 
@@ -286,7 +281,8 @@ class FederatedDataModule(L.LightningDataModule):
         n_val = len(val_sel)
         val_idx = torch.from_numpy(np.sort(val_sel))
         train_idx = torch.from_numpy(np.sort(train_sel))
-        #: Position of each training sample in the data ``_load`` returned (after any subset).
+        #: Position of each training sample in the data ``_load`` returned (after any subset),
+        #: in the order the training set is stored: client by client once partitioned.
         self.train_index = train_idx.numpy()
         #: The data set's own index (into its full training split) of each training sample.
         self.train_dataset_index = origin[self.train_index]
@@ -298,11 +294,9 @@ class FederatedDataModule(L.LightningDataModule):
                 f"data.num_clients={self.num_clients} exceeds the {len(train_idx)} training samples of "
                 f"{self.name}; lower data.num_clients (or data.val_fraction)."
             )
-        train = (x[train_idx].contiguous(), y[train_idx].contiguous())
         self._val = (x[val_idx].contiguous(), y[val_idx].contiguous()) if n_val else None
         self._test = (self._cast(test[0]).contiguous(), test[1].long().contiguous())
-        del x, y
-        labels = train[1].numpy()
+        labels = y[train_idx].numpy()
         if saved is not None and saved["version"] >= 2:
             position = np.full(num_dataset, -1, dtype=np.int64)
             position[self.train_dataset_index] = np.arange(len(labels))
@@ -316,7 +310,15 @@ class FederatedDataModule(L.LightningDataModule):
             parts = self.partition(labels, self.num_clients, seed=self.seed)
         self._parts = parts
         self._check_partition(len(labels))
-        self._train = train
+        # The training set is stored client by client, each client's samples in the order its index
+        # array lists them, so a client's data is a slice of it: nothing is copied per client.
+        by_client = self._parts.indices
+        self.train_index = self.train_index[by_client]
+        self.train_dataset_index = self.train_dataset_index[by_client]
+        self._parts = ClientPartition(indices=np.arange(len(labels), dtype=np.int64), offsets=self._parts.offsets)
+        rows = torch.from_numpy(self.train_index)
+        self._train = (x.index_select(0, rows), y.index_select(0, rows))
+        del x, y
         self._log_summary()
 
     # -- per-client API -----------------------------------------------------------------
@@ -330,8 +332,8 @@ class FederatedDataModule(L.LightningDataModule):
     def _parts(self, parts: Sequence[np.ndarray]) -> None:
         self._partition = ClientPartition.from_parts(parts)
         self._client_sizes = None
-        self._client_cache.clear()
-        self._client_cache_bytes = 0
+        indices = self._partition.indices
+        self._clients_are_slices = bool(np.array_equal(indices, np.arange(indices.size)))
 
     @property
     def client_sizes(self) -> list[int]:
@@ -347,7 +349,7 @@ class FederatedDataModule(L.LightningDataModule):
         return len(self._train_tensors()[1])
 
     def client_indices(self, cid: int) -> np.ndarray:
-        """Sorted indices of client ``cid`` into the training set."""
+        """Indices of client ``cid``'s samples in the training set (a range once stored client by client)."""
         self._ensure_setup()
         if not 0 <= cid < self.num_clients:
             raise IndexError(f"client id {cid} is out of range [0, {self.num_clients}).")
@@ -356,25 +358,18 @@ class FederatedDataModule(L.LightningDataModule):
     def client_tensors(self, cid: int) -> tuple[Tensor, Tensor]:
         """Features and labels of client ``cid`` as contiguous tensors.
 
-        Gathered from the training set on first use and kept in a least-recently-used cache
-        of at most ``client_cache_bytes`` (nothing per client exists before its first use, so
-        a federation of 100,000 clients starts with its index arrays only).
+        Slices of the training set, which :meth:`setup` stores client by client (nothing per
+        client is copied, so a federation of 100,000 clients holds its data once). A subclass
+        whose own setup leaves a client's samples apart gets them gathered on every call.
         """
-        cached = self._client_cache.get(cid)
-        if cached is not None:
-            self._client_cache.move_to_end(cid)
-            return cached
-        index = torch.from_numpy(self.client_indices(cid).astype(np.int64))  # a copy: the partition is read-only
         x, y = self._train_tensors()
-        cached = (x.index_select(0, index), y.index_select(0, index))  # x[index], without advanced indexing's set-up
-        size = cached[0].nbytes + cached[1].nbytes
-        if size <= self.client_cache_bytes:
-            self._client_cache[cid] = cached
-            self._client_cache_bytes += size
-            while self._client_cache_bytes > self.client_cache_bytes:
-                _, (old_x, old_y) = self._client_cache.popitem(last=False)
-                self._client_cache_bytes -= old_x.nbytes + old_y.nbytes
-        return cached
+        if self._clients_are_slices:
+            if not 0 <= cid < self.num_clients:
+                raise IndexError(f"client id {cid} is out of range [0, {self.num_clients}).")
+            start, stop = int(self._parts.offsets[cid]), int(self._parts.offsets[cid + 1])
+            return x[start:stop], y[start:stop]
+        index = torch.from_numpy(self.client_indices(cid).astype(np.int64))  # a copy: the partition is read-only
+        return x.index_select(0, index), y.index_select(0, index)  # x[index], without advanced indexing's set-up
 
     def augment(self, x: Tensor, generator: torch.Generator) -> Tensor:
         """Training-time augmentation of one client mini-batch (default: none).
