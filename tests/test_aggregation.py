@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedlightning.federated import aggregation as agg
-from fedlightning.federated.aggregators import WeightedMean, participation_weights
+from fedlightning.federated.aggregators import FOLD_BLOCK, WeightedMean, fold_, participation_weights
 from fedlightning.federated.server_optim import FedOpt
 
 
@@ -25,6 +25,18 @@ def test_weighted_mean_on_a_2x3_example() -> None:
     assert mean.result().tolist() == [3.0, 4.0, 5.0]
     with pytest.raises(ValueError, match="dimension 3"):
         mean.accumulate(torch.tensor([1.0]), weight=1.0)
+
+
+def test_fold_by_blocks_gives_the_bits_of_one_add() -> None:
+    n = 3 * FOLD_BLOCK + 123  # several blocks and a ragged last one
+    gen = torch.Generator().manual_seed(0)
+    blocked, whole = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    for k, scale in enumerate((1e-7, 1.0, 3e4, 1e-3)):
+        for dtype in (torch.float32, torch.float64):
+            x = (torch.randn(n, generator=gen) * scale).to(dtype)
+            fold_(blocked, x, weight=1.0 / (k + 3))  # weights with no exact binary expansion
+            whole.add_(x, alpha=1.0 / (k + 3))
+    assert torch.equal(blocked, whole) and bool(blocked.abs().sum() > 0)
 
 
 def test_weighted_mean_reduces_two_shares_to_the_whole() -> None:

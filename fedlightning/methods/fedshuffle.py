@@ -56,7 +56,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from fedlightning.errors import ConfigError
-from fedlightning.federated.aggregators import Aggregator
+from fedlightning.federated.aggregators import Aggregator, fold_
 from fedlightning.federated.batches import local_batches
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.module import FederatedModule, ParamsT
@@ -233,7 +233,7 @@ class LocalStepSums(Aggregator):
         flat = decoded.reshape(-1)
         if flat.numel() != self.dim:
             raise ValueError(f"An upload of {flat.numel()} entries reached an aggregator of dimension {self.dim}.")
-        self.sums[: self.dim].add_(flat.to(self.sums), alpha=float(weight) / self._steps)
+        fold_(self.sums[: self.dim], flat.to(self.sums.device), weight=float(weight) / self._steps)
         self.sums[self.dim] += float(weight)
         self.sums[self.dim + 1] += float(weight) * self._steps
         self._steps = None
