@@ -1,4 +1,4 @@
-"""Evaluation metrics summed by one all-reduce per state equal torchmetrics' own gather (2 gloo processes)."""
+"""Evaluation metrics summed by all-reduce equal torchmetrics' own gather (2 gloo processes)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import socket
 from collections import Counter
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -14,7 +15,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.regression import R2Score
 
-from fedlightning.federated.metric_sync import summed_across_processes
+from fedlightning.federated.metric_sync import sum_states_across_processes
 
 
 def _free_port() -> int:
@@ -43,13 +44,19 @@ def _rank(rank: int, port: int, results: Any) -> None:
         values, weights = torch.randn(3 + rank, generator=gen), torch.rand(3 + rank, generator=gen)
         pred, truth = torch.randn(9, generator=gen), torch.randn(9, generator=gen)
 
-        def metrics() -> list[Any]:
-            return [MulticlassAccuracy(num_classes=4, average="micro"), MeanMetric(), R2Score()]
+        def metrics(**kwargs: Any) -> list[Any]:
+            return [
+                MulticlassAccuracy(num_classes=4, average="micro", **kwargs),
+                MeanMetric(**kwargs),
+                R2Score(**kwargs),
+            ]
 
-        def computed(ms: list[Any]) -> list[float]:
+        def computed(ms: list[Any], *, sum_first: bool = False) -> list[float]:
             ms[0].update(logits, target)
             ms[1].update(values, weight=weights)
             ms[2].update(pred, truth)
+            if sum_first:
+                sum_states_across_processes(ms)
             return [float(m.compute()) for m in ms]
 
         gathered = computed(metrics())
@@ -58,22 +65,29 @@ def _rank(rank: int, port: int, results: Any) -> None:
         for name in patched:
             setattr(dist, name, _counting(calls, name))
         try:
-            summed_metrics = [summed_across_processes(m) for m in metrics()]
-            summed = computed(summed_metrics)
+            together = computed(metrics(sync_on_compute=False), sum_first=True)
         finally:
             for name, fn in patched.items():
                 setattr(dist, name, fn)
-        states = sum(len(m._reductions) for m in summed_metrics)
-        results[rank] = (gathered, summed, dict(calls), states)
+        results[rank] = (gathered, together, dict(calls))
     finally:
         dist.destroy_process_group()
 
 
-def test_summed_metrics_equal_gathered_ones_with_one_all_reduce_per_state() -> None:
+def test_metrics_summed_in_one_all_reduce_equal_gathered_ones() -> None:
     results = mp.Manager().dict()
     mp.spawn(_rank, args=(_free_port(), results), nprocs=2)
     for rank in (0, 1):
-        gathered, summed, calls, states = results[rank]
-        assert summed == gathered  # two addends: the same sum in either order, bit for bit
-        assert calls == {"all_reduce": states}  # no barrier, no gather
+        gathered, together, calls = results[rank]
+        assert together == gathered  # two addends: the same sum in either order, bit for bit
+        assert calls == {"all_reduce": 1}  # every state of all three metrics at once; no barrier, no gather
     assert results[0][1] == results[1][1]  # every process holds the same score
+
+
+def test_summing_states_refuses_a_metric_that_syncs_itself_and_is_a_no_op_in_one_process() -> None:
+    with pytest.raises(ValueError, match="MeanMetric syncs itself on compute; build it with sync_on_compute=False"):
+        sum_states_across_processes([MeanMetric()])
+    mean = MeanMetric(sync_on_compute=False)
+    mean.update(torch.tensor([1.0, 3.0]))
+    sum_states_across_processes([mean])
+    assert float(mean.compute()) == 2.0

@@ -78,7 +78,7 @@ from fedlightning.federated.fused_step import chain_refusal, fused_sgd_step_, li
 from fedlightning.federated.hooks import ClientSampler, Direction, FederatedCallback, UploadChoice, Verdict
 from fedlightning.federated.local_step import clear_grads_, sgd_step_, steps_in_place
 from fedlightning.federated.message import Message
-from fedlightning.federated.metric_sync import summed_across_processes
+from fedlightning.federated.metric_sync import sum_states_across_processes
 from fedlightning.federated.params import assign_flat_, flat_difference, flat_parameters, num_parameters, set_flat_grad_
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER, torch_generator
@@ -363,18 +363,21 @@ class FederatedModule(L.LightningModule):
             self.loss_fn: nn.Module = nn.CrossEntropyLoss()
             self.score_name = "acc"
             num_classes = int(datamodule.num_classes)
-            accuracy = functools.partial(MulticlassAccuracy, num_classes=num_classes, average="micro")
-            self.val_score: Metric = summed_across_processes(accuracy())
-            self.test_score: Metric = summed_across_processes(accuracy())
+            # (summed across processes by hand at the end of each evaluation: evaluation_metrics)
+            accuracy = functools.partial(
+                MulticlassAccuracy, num_classes=num_classes, average="micro", sync_on_compute=False
+            )
+            self.val_score: Metric = accuracy()
+            self.test_score: Metric = accuracy()
         elif self.task == "regression":
             self.loss_fn = _SquaredError()
             self.score_name = "r2"
-            self.val_score = summed_across_processes(R2Score())
-            self.test_score = summed_across_processes(R2Score())
+            self.val_score = R2Score(sync_on_compute=False)
+            self.test_score = R2Score(sync_on_compute=False)
         else:
             raise ConfigError(f"Unknown data task {self.task!r}; a datamodule's task is classification or regression.")
-        self.val_loss = summed_across_processes(MeanMetric())
-        self.test_loss = summed_across_processes(MeanMetric())
+        self.val_loss = MeanMetric(sync_on_compute=False)
+        self.test_loss = MeanMetric(sync_on_compute=False)
         # Every process updates it with the same (reduced) score, so it needs no sync of its own.
         self.val_score_best = MaxMetric(sync_on_compute=False)
         self.val_score_best.persistent(True)  # survives resume
@@ -1257,6 +1260,29 @@ class FederatedModule(L.LightningModule):
         self._eval_step(batch, self.val_score, self.val_loss)
 
     def on_validation_epoch_end(self) -> None:
+        self._end_evaluation("val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, self.test_score, self.test_loss)
+
+    def on_test_epoch_end(self) -> None:
+        self._end_evaluation("test")
+
+    def evaluation_metrics(self, stage: Literal["val", "test"]) -> list[Metric]:
+        """The metrics one evaluation pass updates (override to add a method's own).
+
+        Each is built with ``sync_on_compute=False`` and reduces by sum: at the pass's end every
+        state of every one of them is summed across processes in a single all-reduce.
+        """
+        return [self.val_score, self.val_loss] if stage == "val" else [self.test_score, self.test_loss]
+
+    def log_evaluation(self, stage: Literal["val", "test"]) -> None:
+        """Log one evaluation pass's results (its metrics hold the sums over all processes)."""
+        if stage == "test":
+            self._check_global_loss("test", float(self.test_loss.compute()))
+            self.log(f"test/{self.score_name}", self.test_score.compute())
+            self.log("test/loss", self.test_loss.compute())
+            return
         score = self.val_score.compute()
         if not self.trainer.sanity_checking:
             self._check_global_loss("validation", float(self.val_loss.compute()))
@@ -1264,18 +1290,13 @@ class FederatedModule(L.LightningModule):
         self.log(f"val/{self.score_name}", score, prog_bar=True)
         self.log("val/loss", self.val_loss.compute())
         self.log(f"val/{self.score_name}_best", self.val_score_best.compute())
-        self.val_score.reset()
-        self.val_loss.reset()
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.test_score, self.test_loss)
-
-    def on_test_epoch_end(self) -> None:
-        self._check_global_loss("test", float(self.test_loss.compute()))
-        self.log(f"test/{self.score_name}", self.test_score.compute())
-        self.log("test/loss", self.test_loss.compute())
-        self.test_score.reset()
-        self.test_loss.reset()
+    def _end_evaluation(self, stage: Literal["val", "test"]) -> None:
+        metrics = self.evaluation_metrics(stage)
+        sum_states_across_processes(metrics)  # one collective for every state
+        self.log_evaluation(stage)
+        for metric in metrics:
+            metric.reset()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Every process holds its own clients' state: the checkpoint gets all of it.

@@ -43,7 +43,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +56,6 @@ from fedlightning.compression.codecs import Float32Codec
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import Aggregator
 from fedlightning.federated.channel import Channel
-from fedlightning.federated.metric_sync import summed_across_processes
 from fedlightning.federated.module import ClientResult, FederatedModule
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters
 from fedlightning.federated.rng import SERVER, torch_generator
@@ -305,7 +304,7 @@ class FjORD(FederatedModule):
         num_classes = int(self.datamodule.num_classes)
         self.width_scores = nn.ModuleDict(
             {
-                f"{stage}{k}": summed_across_processes(MulticlassAccuracy(num_classes=num_classes, average="micro"))
+                f"{stage}{k}": MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False)
                 for stage in ("val", "test")
                 for k in range(len(self.evaluated_widths()))
             }
@@ -438,12 +437,18 @@ class FjORD(FederatedModule):
             score: Metric = self.width_scores[f"{stage}{k}"]  # type: ignore[assignment]
             score.update(self.arch.forward(self.model, x, ordered_units(self.arch.widths(), p)), y)
 
-    def _log_widths(self, stage: str, full: Metric) -> None:
+    @override
+    def evaluation_metrics(self, stage: Literal["val", "test"]) -> list[Metric]:
+        scores = [cast(Metric, self.width_scores[f"{stage}{k}"]) for k in range(len(self.evaluated_widths()) - 1)]
+        return [*super().evaluation_metrics(stage), *scores]
+
+    @override
+    def log_evaluation(self, stage: Literal["val", "test"]) -> None:
+        super().log_evaluation(stage)
         widths = self.evaluated_widths()
         for k, p in enumerate(widths[:-1]):
-            score: Metric = self.width_scores[f"{stage}{k}"]  # type: ignore[assignment]
-            self.log(f"{stage}/acc@{width_name(p)}", score.compute())
-            score.reset()
+            self.log(f"{stage}/acc@{width_name(p)}", cast(Metric, self.width_scores[f"{stage}{k}"]).compute())
+        full = self.val_score if stage == "val" else self.test_score
         self.log(f"{stage}/acc@{width_name(widths[-1])}", full.compute())
 
     @override
@@ -452,19 +457,9 @@ class FjORD(FederatedModule):
         self._width_step(batch, "val")
 
     @override
-    def on_validation_epoch_end(self) -> None:
-        self._log_widths("val", self.val_score)
-        super().on_validation_epoch_end()
-
-    @override
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         super().test_step(batch, batch_idx)
         self._width_step(batch, "test")
-
-    @override
-    def on_test_epoch_end(self) -> None:
-        self._log_widths("test", self.test_score)
-        super().on_test_epoch_end()
 
 
 class ExtendedFederatedDropout(FjORD):
