@@ -43,9 +43,9 @@ def sum_states_across_processes(metrics: Sequence[Metric]) -> None:
             )
         if metric.sync_on_compute:
             raise ValueError(f"{type(metric).__name__} syncs itself on compute; build it with sync_on_compute=False.")
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
     states = [(metric, name, getattr(metric, name)) for metric in metrics for name in metric._reductions]
+    if not states or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
     flat = torch.cat([value.detach().reshape(-1).to(torch.float64) for _, _, value in states])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     offset = 0
