@@ -151,18 +151,42 @@ def test_compiled_kernels_equal_the_torch_products(n: int) -> None:
     q.add_columns_(compiled, columns, coef, backend="compiled")
     q.add_columns_(reference, columns, coef, backend="torch")
     assert torch.allclose(compiled, reference, atol=1e-6)
-    free = torch.rand(n, generator=gen) < 0.2
+    p = torch.rand(n, generator=gen).clamp(0.1, 0.9)
+    frozen = torch.rand(n, generator=gen) < 0.8
+    p[frozen] = torch.randint(0, 2, (int(frozen.sum()),), generator=gen).float()  # at 0 or at 1
+    free = (p > 0) & (p < 1)
     exact_g = torch.zeros(n, dtype=torch.float64).index_add_(
         0, q.cols.reshape(-1), (q.vals.double() * g.double()[:, None]).reshape(-1)
     )
-    on_free = q.free_rmatvec(g, free)
-    assert torch.all(on_free[~free] == 0)
+    on_free = q.free_rmatvec(g, p)
+    assert on_free is not None and torch.all(on_free[~free] == 0)
     assert torch.allclose(on_free.double(), exact_g * free, atol=1e-6)
+    assert q.free_rmatvec(g, p, dense_from=int(free.sum())) is None  # the full product is the caller's then
+    assert q.free_rmatvec(g, p, dense_from=int(free.sum()) + 1) is not None
 
 
 def test_free_rmatvec_by_hand() -> None:
     q = _tiny_q()  # Q = [[2, 0, 1], [0, 3, -1]]
-    assert q.free_rmatvec(torch.tensor([1.0, 2.0]), torch.tensor([True, False, True])).tolist() == [2.0, 0.0, -1.0]
+    for frozen_at in (0.0, 1.0):
+        free_gradient = q.free_rmatvec(torch.tensor([1.0, 2.0]), torch.tensor([0.5, frozen_at, 0.25]))
+        assert free_gradient is not None and free_gradient.tolist() == [2.0, 0.0, -1.0]
+
+
+def test_changed_columns_are_added_as_add_columns_adds_them_or_not_at_all() -> None:
+    q = zampling_q(torch.full((3000,), 100.0), n=500, d=4, seed=3)
+    gen = torch.Generator().manual_seed(1)
+    z_old = torch.bernoulli(torch.full((500,), 0.5), generator=gen)
+    z = z_old.clone()
+    flip = torch.rand(500, generator=gen) < 0.1
+    z[flip] = 1 - z[flip]
+    w, reference = q.matvec(z_old), q.matvec(z_old)
+    changed = torch.nonzero(z != z_old).squeeze(1)
+    q.add_columns_(reference, changed, (z - z_old)[changed], backend="compiled")
+    kept = z_old.clone()
+    assert q.add_changed_columns_(w.clone(), z, kept, max_changed=changed.numel() - 1) == changed.numel()
+    assert torch.equal(kept, z_old)  # over the limit: nothing written
+    assert q.add_changed_columns_(w, z, kept, max_changed=changed.numel()) == changed.numel()
+    assert torch.equal(w, reference) and torch.equal(kept, z)  # the same bits, and z_old ← z
 
 
 @pytest.mark.parametrize("backend", ["compiled", "torch"])

@@ -303,21 +303,28 @@ class SparseQ:
         _kernels().slab_rmatvec(cols_t, vals_t, g.contiguous().numpy(), out.numpy())
         return out
 
-    def free_rmatvec(self, g: Tensor, free: Tensor) -> Tensor:
-        """Qᵀ·g on the columns where ``free`` is true, 0 elsewhere (compiled kernel; CPU only).
+    def free_rmatvec(self, g: Tensor, p: Tensor, *, dense_from: float = math.inf) -> Tensor | None:
+        """Qᵀ·g on the free columns (0 < p < 1), 0 elsewhere (compiled kernel; CPU only).
+
+        ``None`` when at least ``dense_from`` columns are free (the full product, then masked,
+        is cheaper there).
 
         >>> q = SparseQ(cols=torch.tensor([[0], [1], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
-        >>> q.free_rmatvec(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([False, True])).tolist()
+        >>> q.free_rmatvec(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([1.0, 0.5])).tolist()
         [0.0, 5.0]
+        >>> q.free_rmatvec(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([1.0, 0.5]), dense_from=1) is None
+        True
         """
         g = self._check_length(g, self.m, "Qᵀ·g")
-        if free.shape != (self.n,) or free.dtype != torch.bool:
-            raise ValueError(f"free_rmatvec needs a boolean mask of the {self.n} columns.")
+        if p.shape != (self.n,) or p.dtype != torch.float32:
+            raise ValueError(f"free_rmatvec needs the {self.n} probabilities as float32.")
         if not self.compiled("compiled"):
             raise ConfigError("free_rmatvec runs on the compiled CPU kernels; use masked products on a GPU.")
         out = torch.empty(self.n)
-        _kernels().free_rmatvec(*self.csc_arrays(), free.contiguous().numpy(), g.contiguous().numpy(), out.numpy())
-        return out
+        free = _kernels().free_rmatvec(
+            *self.csc_arrays(), p.contiguous().numpy(), g.contiguous().numpy(), out.numpy(), float(dense_from)
+        )
+        return None if free >= dense_from else out
 
     def column_block(self, columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(ptr, rows, vals) of the CSR of Qᵀ restricted to ``columns`` (int64, sorted or not)."""
@@ -343,6 +350,22 @@ class SparseQ:
         if columns.shape != coef.shape or int(columns.min()) < 0 or int(columns.max()) >= self.n:
             raise ValueError(f"add_columns_ needs one coefficient per column index in [0, {self.n}).")
         self._add_columns_unchecked(w, columns, coef, backend=backend)
+
+    def add_changed_columns_(self, w: Tensor, z: Tensor, z_old: Tensor, *, max_changed: int) -> int:
+        """w ← w + Q·(z − z_old) and z_old ← z in place, if they differ in at most ``max_changed`` coordinates.
+
+        Returns how many differ; when more than ``max_changed`` do, nothing is written. One
+        compiled pass (CPU; float32 contiguous tensors, checked by the caller), the same sums
+        as :meth:`add_columns_` over the changed columns in ascending order.
+
+        >>> q = SparseQ(cols=torch.tensor([[0], [0], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
+        >>> w, z_old = torch.zeros(3), torch.tensor([0.0, 1.0])
+        >>> q.add_changed_columns_(w, torch.tensor([1.0, 0.0]), z_old, max_changed=2), w.tolist(), z_old.tolist()
+        (2, [1.0, 2.0, -3.0], [1.0, 0.0])
+        """
+        return int(
+            _kernels().add_changed_columns(*self.csc_arrays(), z.numpy(), z_old.numpy(), w.numpy(), int(max_changed))
+        )
 
     def _add_columns_unchecked(self, w: Tensor, columns: Tensor, coef: Tensor, *, backend: Backend) -> None:
         """:meth:`add_columns_` for arguments known to be valid (indices from ``nonzero`` of a length-n vector)."""
@@ -528,7 +551,7 @@ class ZampledWeights:
         self.scale_by_p = scale_by_p
         self.fast = fast
         self.backend: Backend = backend if fast else "torch"
-        compiled = q.compiled(self.backend)
+        compiled = self._compiled = q.compiled(self.backend)
         if incremental_fraction is None:
             incremental_fraction = 0.3 if compiled else 0.15
         self.incremental_fraction = incremental_fraction if fast else -1.0
@@ -544,6 +567,7 @@ class ZampledWeights:
         self._z: Tensor | None = None
         self._w: Tensor | None = None
         self._since_refresh = 0
+        self._p: Tensor | None = None
         self._free: Tensor | None = None
         self._block: tuple[Tensor, Tensor, Tensor] | None = None  # (columns, membership, CSR block)
         self.stats = {"full": 0, "incremental": 0, "flipped": 0, "block_builds": 0, "free_gathers": 0}
@@ -559,6 +583,17 @@ class ZampledWeights:
         z = z.detach().to(torch.float32)
         previous = self._z
         if self.fast and previous is not None and self._w is not None and self._since_refresh < self.refresh_every:
+            if self._compiled and z.is_contiguous() and self._w.is_contiguous():
+                w = self._w if in_place else self._w.clone()
+                limit = int(self.incremental_fraction * self.q.n)
+                flipped = self.q.add_changed_columns_(w, z, previous, max_changed=limit)  # previous ← z
+                if flipped <= limit:
+                    self._w = w
+                    self._since_refresh += 1
+                    self.stats["incremental"] += 1
+                    self.stats["flipped"] += flipped
+                    return w
+                return self._full_product(z)
             changed = torch.nonzero(z != previous).squeeze(1)
             if changed.numel() <= self.incremental_fraction * self.q.n:
                 w = self._w if in_place else self._w.clone()
@@ -571,6 +606,9 @@ class ZampledWeights:
                 self.stats["incremental"] += 1
                 self.stats["flipped"] += int(changed.numel())
                 return w
+        return self._full_product(z)
+
+    def _full_product(self, z: Tensor) -> Tensor:
         self._w = self.q.matvec(z, backend=self.backend)
         self._z = z.clone()
         self._since_refresh = 0
@@ -578,20 +616,32 @@ class ZampledWeights:
         return self._w
 
     def set_free(self, p: Tensor) -> None:
-        """Record which columns are free (0 < p < 1) for the next backward passes."""
-        self._free = (p > 0) & (p < 1) if self.mask_frozen else None
+        """Record p, whose free columns (0 < p < 1) the next backward passes keep."""
+        self._p = p.detach() if self.mask_frozen else None
+        self._free = None
+
+    def _free_mask(self) -> Tensor:
+        """0 < p < 1 for the p of :meth:`set_free` (made once per p)."""
+        if self._free is None:
+            assert self._p is not None
+            self._free = (self._p > 0) & (self._p < 1)
+        return self._free
 
     def masked_rmatvec(self, g: Tensor) -> Tensor:
         """Qᵀ·g, zero on frozen columns, computed only over (a superset of) the free ones."""
-        free = self._free
-        if free is None:
+        if self._p is None:
             return self.q.rmatvec(g, backend=self.backend)
+        dense_from = self.dense_backward_fraction * self.q.n
+        if self._compiled and self._p.dtype == torch.float32:
+            on_free = self.q.free_rmatvec(g, self._p, dense_from=dense_from)
+            if on_free is not None:
+                self.stats["free_gathers"] += 1
+                return on_free
+            return self.q.rmatvec(g, backend=self.backend) * self._free_mask().to(g.dtype)
+        free = self._free_mask()
         num_free = int(free.sum())
-        if num_free >= self.dense_backward_fraction * self.q.n:
+        if num_free >= dense_from:
             return self.q.rmatvec(g, backend=self.backend) * free.to(g.dtype)
-        if self.q.compiled(self.backend):
-            self.stats["free_gathers"] += 1
-            return self.q.free_rmatvec(g, free)
         block = self._block
         if (
             block is None

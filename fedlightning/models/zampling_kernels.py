@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["add_columns", "free_rmatvec", "slab_matmat", "slab_matvec", "slab_rmatvec"]
+__all__ = ["add_changed_columns", "add_columns", "free_rmatvec", "slab_matmat", "slab_matvec", "slab_rmatvec"]
 
 _JIT: dict[str, Any] = {"fastmath": True, "boundscheck": False, "nogil": True, "cache": True}
 
@@ -97,24 +97,64 @@ def add_columns(
 
 
 @njit(**_JIT)
+def add_changed_columns(
+    col_ptr: np.ndarray,
+    col_rows: np.ndarray,
+    col_vals: np.ndarray,
+    z: np.ndarray,
+    z_old: np.ndarray,
+    w: np.ndarray,
+    max_changed: int,
+) -> int:
+    """w ← w + Q·(z − z_old) and z_old ← z, over the coordinates where they differ; returns their number.
+
+    When more than ``max_changed`` differ, nothing is written (the caller recomputes Q·z in
+    full). Each changed column is added as :func:`add_columns` adds it, in ascending order.
+    """
+    changed = 0
+    for j in range(z.shape[0]):
+        if z[j] != z_old[j]:
+            changed += 1
+    if changed > max_changed:
+        return changed
+    for j in range(z.shape[0]):
+        if z[j] != z_old[j]:
+            c = z[j] - z_old[j]
+            for e in range(col_ptr[j], col_ptr[j + 1]):
+                w[col_rows[e]] += c * col_vals[e]
+            z_old[j] = z[j]
+    return changed
+
+
+@njit(**_JIT)
 def free_rmatvec(
     col_ptr: np.ndarray,
     col_rows: np.ndarray,
     col_vals: np.ndarray,
-    free: np.ndarray,
+    p: np.ndarray,
     g: np.ndarray,
     out: np.ndarray,
-) -> None:
-    """out[j] ← (Qᵀ·g)[j] where ``free[j]``, else 0: one gather loop over the CSC of the free columns.
+    dense_from: float,
+) -> int:
+    """out[j] ← (Qᵀ·g)[j] where 0 < p[j] < 1, else 0; returns the number of such free columns.
 
     The masked backward of Zampling's straight-through gradient (columns with p ∈ {0, 1} get
     none), with no per-step index list or cached block: its cost is the free columns' non-zeros.
+    When at least ``dense_from`` columns are free, nothing is written (the full product is
+    cheaper there).
     """
-    for j in range(free.shape[0]):
-        if free[j]:
+    free = 0
+    for j in range(p.shape[0]):
+        if 0.0 < p[j] < 1.0:
+            free += 1
+    if free >= dense_from:
+        return free
+    for j in range(p.shape[0]):
+        if 0.0 < p[j] < 1.0:
             acc = np.float32(0.0)
             for e in range(col_ptr[j], col_ptr[j + 1]):
                 acc += col_vals[e] * g[col_rows[e]]
             out[j] = acc
         else:
             out[j] = np.float32(0.0)
+    return free
