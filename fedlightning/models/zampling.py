@@ -320,10 +320,12 @@ class SparseQ:
             raise ValueError(f"free_rmatvec needs the {self.n} probabilities as float32.")
         if not self.compiled("compiled"):
             raise ConfigError("free_rmatvec runs on the compiled CPU kernels; use masked products on a GPU.")
+        return self._free_rmatvec_unchecked(g.contiguous(), p.contiguous(), float(dense_from))
+
+    def _free_rmatvec_unchecked(self, g: Tensor, p: Tensor, dense_from: float) -> Tensor | None:
+        """:meth:`free_rmatvec` for contiguous float32 CPU tensors of the right lengths."""
         out = torch.empty(self.n)
-        free = _kernels().free_rmatvec(
-            *self.csc_arrays(), p.contiguous().numpy(), g.contiguous().numpy(), out.numpy(), float(dense_from)
-        )
+        free = _kernels().free_rmatvec(*self.csc_arrays(), p.numpy(), g.numpy(), out.numpy(), dense_from)
         return None if free >= dense_from else out
 
     def column_block(self, columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -632,8 +634,10 @@ class ZampledWeights:
         if self._p is None:
             return self.q.rmatvec(g, backend=self.backend)
         dense_from = self.dense_backward_fraction * self.q.n
-        if self._compiled and self._p.dtype == torch.float32:
-            on_free = self.q.free_rmatvec(g, self._p, dense_from=dense_from)
+        p = self._p
+        unchecked = g.dtype == p.dtype == torch.float32 and g.is_contiguous() and p.is_contiguous()
+        if self._compiled and unchecked and g.numel() == self.q.m:
+            on_free = self.q._free_rmatvec_unchecked(g.view(-1), p, dense_from)
             if on_free is not None:
                 self.stats["free_gathers"] += 1
                 return on_free
