@@ -1,4 +1,4 @@
-"""The engine's in-place SGD step equals ``torch.optim.SGD.step()`` bit for bit, and is used only where it is exact."""
+"""The engine's in-place SGD and Adam steps equal ``step()`` bit for bit, and are used only where they are exact."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from fedlightning.federated.local_step import clear_grads_, sgd_step_, steps_in_place
+from fedlightning.federated.local_step import adam_step_, clear_grads_, in_place_step, sgd_step_, steps_in_place
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "plain": {"lr": 0.1},
@@ -26,6 +26,15 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(7, 5), nn.Tanh(), nn.Linear(5, 3))
 
 
+ADAM_SETTINGS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "paper_lr": {"lr": 0.1},
+    "betas_eps": {"lr": 0.01, "betas": (0.5, 0.99), "eps": 1e-6},
+    "weight_decay": {"lr": 0.01, "weight_decay": 0.05},
+    "foreach_off": {"lr": 0.02, "foreach": False},
+}
+
+
 def _train(model: nn.Module, optimizer: torch.optim.Optimizer, *, own_step: bool, steps: int = 6) -> None:
     gen = torch.Generator().manual_seed(1)
     params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -39,7 +48,9 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, *, own_step: bool
         if own_step:
             optimizer.step()
         else:
-            sgd_step_(optimizer)  # type: ignore[arg-type]
+            step = in_place_step(optimizer)
+            assert step is not None
+            step(optimizer)
 
 
 def _assert_same(a: nn.Module, b: nn.Module, opt_a: torch.optim.Optimizer, opt_b: torch.optim.Optimizer) -> None:
@@ -63,6 +74,53 @@ def test_sgd_step_equals_torch_sgd_step_bit_for_bit(name: str) -> None:
     _train(reference, opt_ref, own_step=True)
     _train(ours, opt_ours, own_step=False)
     _assert_same(reference, ours, opt_ref, opt_ours)
+
+
+@pytest.mark.parametrize("name", sorted(ADAM_SETTINGS))
+def test_adam_step_equals_torch_adam_step_bit_for_bit(name: str) -> None:
+    reference, ours = _model(), _model()
+    opt_ref = torch.optim.Adam(reference.parameters(), **ADAM_SETTINGS[name])
+    opt_ours = torch.optim.Adam(ours.parameters(), **ADAM_SETTINGS[name])
+    assert in_place_step(opt_ours) is adam_step_
+    _train(reference, opt_ref, own_step=True, steps=12)
+    _train(ours, opt_ours, own_step=False, steps=12)
+    _assert_same(reference, ours, opt_ref, opt_ours)
+
+
+def test_adam_step_follows_each_param_group_and_skips_parameters_without_gradient() -> None:
+    reference, ours = _model(), _model()
+    for model in (reference, ours):
+        model[2].bias.requires_grad_(False)
+
+    def groups(model: nn.Module) -> list[dict[str, Any]]:
+        return [
+            {"params": list(model[0].parameters()), "lr": 0.2, "betas": (0.8, 0.9)},
+            {"params": [model[2].weight, model[2].bias], "lr": 0.01, "weight_decay": 0.1},
+        ]
+
+    opt_ref, opt_ours = torch.optim.Adam(groups(reference)), torch.optim.Adam(groups(ours))
+    _train(reference, opt_ref, own_step=True)
+    _train(ours, opt_ours, own_step=False)
+    _assert_same(reference, ours, opt_ref, opt_ours)
+    assert ours[2].bias not in opt_ours.state
+
+
+def test_in_place_adam_only_for_a_plain_adam_on_the_cpu() -> None:
+    p = nn.Parameter(torch.zeros(3))
+    hooked = torch.optim.Adam([p])
+    hooked.register_step_pre_hook(lambda *_: None)
+    refused = {
+        "AdamW": torch.optim.AdamW([p]),
+        "amsgrad": torch.optim.Adam([p], amsgrad=True),
+        "maximize": torch.optim.Adam([p], maximize=True),
+        "foreach": torch.optim.Adam([p], foreach=True),
+        "fused": torch.optim.Adam([p], fused=True),
+        "tensor lr": torch.optim.Adam([p], lr=torch.tensor(0.1)),
+        "tensor betas": torch.optim.Adam([p], betas=(torch.tensor(0.9), torch.tensor(0.999))),
+        "step hook": hooked,
+    }
+    assert {name: in_place_step(opt) for name, opt in refused.items()} == dict.fromkeys(refused)
+    assert in_place_step(torch.optim.SGD([p], lr=0.1)) is sgd_step_
 
 
 def test_sgd_step_follows_each_param_group_and_skips_parameters_without_gradient() -> None:

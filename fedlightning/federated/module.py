@@ -34,8 +34,9 @@ the number of processes.
 
 Clients train one reused model hidden from the module registry, so it is not checkpointed,
 not wrapped by DDP and never aliases the global weights; local steps use plain
-``torch.optim`` and ``loss.backward()`` (a plain ``torch.optim.SGD`` steps through
-:func:`~fedlightning.federated.local_step.sgd_step_`, the same update without the per-call
+``torch.optim`` and ``loss.backward()`` (a plain ``torch.optim.SGD`` or ``torch.optim.Adam``
+steps through :func:`~fedlightning.federated.local_step.sgd_step_` or
+:func:`~fedlightning.federated.local_step.adam_step_`, the same update without the per-call
 wrappers), except that a ReLU network under the engine's cross-entropy and SGD takes each step
 through :func:`~fedlightning.federated.fused_step.fused_sgd_step_`, forward, backward and update
 by hand (:attr:`~FederatedModule.fused_local_step`). The server optimiser is the one Lightning
@@ -76,7 +77,7 @@ from fedlightning.federated.cohort import Cohort, deal_by_load
 from fedlightning.federated.divergence import DivergenceError, DivergencePolicy, exploded
 from fedlightning.federated.fused_step import chain_refusal, fused_sgd_step_, linear_chain, plain_sgd_rates
 from fedlightning.federated.hooks import ClientSampler, Direction, FederatedCallback, UploadChoice, Verdict
-from fedlightning.federated.local_step import clear_grads_, sgd_step_, steps_in_place
+from fedlightning.federated.local_step import clear_grads_, in_place_step, sgd_step_
 from fedlightning.federated.message import Message
 from fedlightning.federated.metric_sync import sum_states_across_processes
 from fedlightning.federated.params import assign_flat_, flat_difference, flat_parameters, num_parameters, set_flat_grad_
@@ -604,8 +605,8 @@ class FederatedModule(L.LightningModule):
             )
         optimizer = self.make_client_optimizer(params, client_id=client_id, round_idx=round_idx)
         trained = [p for group in optimizer.param_groups for p in group["params"]]
-        in_place = steps_in_place(optimizer)  # plain SGD: the same update without step()'s wrappers
-        chain = self._client_chain(fused_chain, optimizer, trained, in_place=in_place)
+        step_in_place = in_place_step(optimizer)  # plain SGD or Adam: the same update without step()'s wrappers
+        chain = self._client_chain(fused_chain, optimizer, trained, in_place=step_in_place is sgd_step_)
         rates = plain_sgd_rates(optimizer, chain) if chain is not None else None
         x, y = self.client_data(client_id)
         augment_gen = self.generator(round_idx, client_id, "augment")
@@ -635,8 +636,8 @@ class FederatedModule(L.LightningModule):
                 if self.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(trained, self.max_grad_norm)
             if rates is None:  # (with rates, the fused step has already updated the weights)
-                if in_place:
-                    sgd_step_(optimizer)
+                if step_in_place is not None:
+                    step_in_place(optimizer)
                 else:
                     optimizer.step()
             if after_step is not None:
