@@ -159,7 +159,7 @@ def kernel_benchmark(repeats: int) -> dict[str, float]:
         columns = torch.nonzero(free).squeeze(1)
         block = q.free_block(columns)
         p = free.to(torch.float32) * 0.5  # 0.5 on the free columns, 0 (frozen) elsewhere
-        fns[f"bwd free-column compiled gather (CSC), {100 * share:.0f}% free"] = lambda p=p: q.free_rmatvec(g, p)
+        fns[f"bwd free-column compiled gather (CSC), {100 * share:.0f}% free"] = lambda p=p: q.free_rmatvec(g, p)[0]
         fns[f"bwd free-column block, {100 * share:.0f}% free"] = lambda block=block: torch.mv(block, g_ext)
         fns[f"  (its rebuild, {100 * share:.0f}% free)"] = lambda columns=columns: q.free_block(columns)
     return _interleaved_median_ms(fns, repeats)

@@ -158,18 +158,35 @@ def test_compiled_kernels_equal_the_torch_products(n: int) -> None:
     exact_g = torch.zeros(n, dtype=torch.float64).index_add_(
         0, q.cols.reshape(-1), (q.vals.double() * g.double()[:, None]).reshape(-1)
     )
-    on_free = q.free_rmatvec(g, p)
-    assert on_free is not None and torch.all(on_free[~free] == 0)
+    on_free, num_free = q.free_rmatvec(g, p)
+    assert num_free == int(free.sum()) and torch.all(on_free[~free] == 0)
     assert torch.allclose(on_free.double(), exact_g * free, atol=1e-6)
-    assert q.free_rmatvec(g, p, dense_from=int(free.sum())) is None  # the full product is the caller's then
-    assert q.free_rmatvec(g, p, dense_from=int(free.sum()) + 1) is not None
 
 
 def test_free_rmatvec_by_hand() -> None:
     q = _tiny_q()  # Q = [[2, 0, 1], [0, 3, -1]]
     for frozen_at in (0.0, 1.0):
-        free_gradient = q.free_rmatvec(torch.tensor([1.0, 2.0]), torch.tensor([0.5, frozen_at, 0.25]))
-        assert free_gradient is not None and free_gradient.tolist() == [2.0, 0.0, -1.0]
+        free_gradient, num_free = q.free_rmatvec(torch.tensor([1.0, 2.0]), torch.tensor([0.5, frozen_at, 0.25]))
+        assert free_gradient.tolist() == [2.0, 0.0, -1.0] and num_free == 2
+
+
+def test_the_masked_backward_gathers_exactly_when_fewer_than_its_threshold_of_columns_are_free() -> None:
+    q = zampling_q(torch.full((3000,), 100.0), n=500, d=4, seed=3)
+    weights = ZampledWeights(q, backend="compiled")  # the gather below 45% free columns
+    gen = torch.Generator().manual_seed(2)
+    g = torch.randn(3000, generator=gen)
+    for share in (0.9, 0.1, 0.2, 0.9, 0.8, 0.1):  # into and out of the gather's range
+        p = torch.rand(500, generator=gen)
+        frozen = torch.rand(500, generator=gen) >= share
+        p[frozen] = torch.randint(0, 2, (int(frozen.sum()),), generator=gen).float()
+        free = (p > 0) & (p < 1)
+        weights.set_free(p)
+        gathers = weights.stats["free_gathers"]
+        out = weights.masked_rmatvec(g)
+        gathered = int(free.sum()) < 0.45 * 500
+        assert weights.stats["free_gathers"] == gathers + gathered
+        expected = q.free_rmatvec(g, p)[0] if gathered else q.rmatvec(g, backend="compiled") * free
+        assert torch.equal(out, expected)
 
 
 def test_changed_columns_are_added_as_add_columns_adds_them_or_not_at_all() -> None:

@@ -303,30 +303,25 @@ class SparseQ:
         _kernels().slab_rmatvec(cols_t, vals_t, g.contiguous().numpy(), out.numpy())
         return out
 
-    def free_rmatvec(self, g: Tensor, p: Tensor, *, dense_from: float = math.inf) -> Tensor | None:
-        """Qᵀ·g on the free columns (0 < p < 1), 0 elsewhere (compiled kernel; CPU only).
-
-        ``None`` when at least ``dense_from`` columns are free (the full product, then masked,
-        is cheaper there).
+    def free_rmatvec(self, g: Tensor, p: Tensor) -> tuple[Tensor, int]:
+        """Qᵀ·g on the free columns (0 < p < 1), 0 elsewhere, and their number (compiled kernel; CPU only).
 
         >>> q = SparseQ(cols=torch.tensor([[0], [1], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
-        >>> q.free_rmatvec(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([1.0, 0.5])).tolist()
-        [0.0, 5.0]
-        >>> q.free_rmatvec(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([1.0, 0.5]), dense_from=1) is None
-        True
+        >>> out, free = q.free_rmatvec(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([1.0, 0.5]))
+        >>> out.tolist(), free
+        ([0.0, 5.0], 1)
         """
         g = self._check_length(g, self.m, "Qᵀ·g")
         if p.shape != (self.n,) or p.dtype != torch.float32:
             raise ValueError(f"free_rmatvec needs the {self.n} probabilities as float32.")
         if not self.compiled("compiled"):
             raise ConfigError("free_rmatvec runs on the compiled CPU kernels; use masked products on a GPU.")
-        return self._free_rmatvec_unchecked(g.contiguous(), p.contiguous(), float(dense_from))
+        return self._free_rmatvec_unchecked(g.contiguous(), p.contiguous())
 
-    def _free_rmatvec_unchecked(self, g: Tensor, p: Tensor, dense_from: float) -> Tensor | None:
+    def _free_rmatvec_unchecked(self, g: Tensor, p: Tensor) -> tuple[Tensor, int]:
         """:meth:`free_rmatvec` for contiguous float32 CPU tensors of the right lengths."""
         out = torch.empty(self.n)
-        free = _kernels().free_rmatvec(*self.csc_arrays(), p.numpy(), g.numpy(), out.numpy(), dense_from)
-        return None if free >= dense_from else out
+        return out, int(_kernels().free_rmatvec(*self.csc_arrays(), p.numpy(), g.numpy(), out.numpy()))
 
     def column_block(self, columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(ptr, rows, vals) of the CSR of Qᵀ restricted to ``columns`` (int64, sorted or not)."""
@@ -571,6 +566,7 @@ class ZampledWeights:
         self._since_refresh = 0
         self._p: Tensor | None = None
         self._free: Tensor | None = None
+        self._free_before = self.q.n  # free columns at the last compiled masked backward
         self._block: tuple[Tensor, Tensor, Tensor] | None = None  # (columns, membership, CSR block)
         self.stats = {"full": 0, "incremental": 0, "flipped": 0, "block_builds": 0, "free_gathers": 0}
 
@@ -635,13 +631,9 @@ class ZampledWeights:
             return self.q.rmatvec(g, backend=self.backend)
         dense_from = self.dense_backward_fraction * self.q.n
         p = self._p
-        unchecked = g.dtype == p.dtype == torch.float32 and g.is_contiguous() and p.is_contiguous()
-        if self._compiled and unchecked and g.numel() == self.q.m:
-            on_free = self.q._free_rmatvec_unchecked(g.view(-1), p, dense_from)
-            if on_free is not None:
-                self.stats["free_gathers"] += 1
-                return on_free
-            return self.q.rmatvec(g, backend=self.backend) * self._free_mask().to(g.dtype)
+        flat_float32 = g.dtype == p.dtype == torch.float32 and g.is_contiguous() and p.is_contiguous()
+        if self._compiled and flat_float32 and g.numel() == self.q.m:
+            return self._free_gather(g.view(-1), p, dense_from)
         free = self._free_mask()
         num_free = int(free.sum())
         if num_free >= dense_from:
@@ -660,6 +652,25 @@ class ZampledWeights:
         if columns.numel():
             out[columns] = torch.mv(csr, torch.cat([g.reshape(-1), g.new_zeros(1)]))
         return out if num_free == columns.numel() else out * free.to(g.dtype)
+
+    def _free_gather(self, g: Tensor, p: Tensor, dense_from: float) -> Tensor:
+        """The compiled free-column gather where fewer than ``dense_from`` columns are free, else Qᵀ·g masked.
+
+        The gather counts the free columns as it runs. After a step with too many of them for
+        it they are counted first (the free set changes slowly), so which product is taken
+        depends on this step's count alone.
+        """
+        if self._free_before < dense_from:
+            out, self._free_before = self.q._free_rmatvec_unchecked(g, p)
+            if self._free_before < dense_from:
+                self.stats["free_gathers"] += 1
+                return out
+        free = self._free_mask()
+        self._free_before = int(free.sum())
+        if self._free_before < dense_from:
+            self.stats["free_gathers"] += 1
+            return self.q._free_rmatvec_unchecked(g, p)[0]
+        return self.q.rmatvec(g, backend=self.backend) * free.to(g.dtype)
 
     def straight_through(self, grad_w: Tensor, p: Tensor) -> Tensor:
         """∂L/∂p from ∂L/∂w: Qᵀ·∂L/∂w (masked where p ∈ {0, 1}), times p for FedPM's estimator."""

@@ -134,23 +134,16 @@ def free_rmatvec(
     p: np.ndarray,
     g: np.ndarray,
     out: np.ndarray,
-    dense_from: float,
 ) -> int:
     """out[j] ← (Qᵀ·g)[j] where 0 < p[j] < 1, else 0; returns the number of such free columns.
 
     The masked backward of Zampling's straight-through gradient (columns with p ∈ {0, 1} get
     none), with no per-step index list or cached block: its cost is the free columns' non-zeros.
-    When at least ``dense_from`` columns are free, nothing is written (the full product is
-    cheaper there).
     """
     free = 0
     for j in range(p.shape[0]):
         if 0.0 < p[j] < 1.0:
             free += 1
-    if free >= dense_from:
-        return free
-    for j in range(p.shape[0]):
-        if 0.0 < p[j] < 1.0:
             acc = np.float32(0.0)
             for e in range(col_ptr[j], col_ptr[j + 1]):
                 acc += col_vals[e] * g[col_rows[e]]
