@@ -581,7 +581,7 @@ class ZampledWeights:
         z = z.detach().to(torch.float32)
         previous = self._z
         if self.fast and previous is not None and self._w is not None and self._since_refresh < self.refresh_every:
-            if self._compiled and z.is_contiguous() and self._w.is_contiguous():
+            if self._compiled and z.shape == previous.shape and z.is_contiguous() and self._w.is_contiguous():
                 w = self._w if in_place else self._w.clone()
                 limit = int(self.incremental_fraction * self.q.n)
                 flipped = self.q.add_changed_columns_(w, z, previous, max_changed=limit)  # previous ← z
