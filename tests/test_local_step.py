@@ -105,6 +105,21 @@ def test_adam_step_follows_each_param_group_and_skips_parameters_without_gradien
     assert ours[2].bias not in opt_ours.state
 
 
+def test_a_sparse_gradient_in_any_group_leaves_the_whole_step_to_torch_adam() -> None:
+    def optimizer_and_dense() -> tuple[torch.optim.Optimizer, nn.Parameter]:
+        dense, table = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(4, 2))
+        dense.grad = torch.ones(2)
+        table.grad = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 2), (4, 2), check_invariants=True)
+        return torch.optim.Adam([{"params": [dense]}, {"params": [table]}], lr=0.1), dense
+
+    (reference, dense_ref), (ours, dense) = optimizer_and_dense(), optimizer_and_dense()
+    for optimizer, step in ((reference, torch.optim.Adam.step), (ours, adam_step_)):
+        with pytest.raises(RuntimeError, match="Adam does not support sparse gradients"):
+            step(optimizer)
+    # torch steps the dense group before refusing the sparse one; ours must not step it a second time
+    assert torch.equal(dense, dense_ref) and ours.state[dense]["step"].item() == 1.0
+
+
 def test_in_place_adam_only_for_a_plain_adam_on_the_cpu() -> None:
     p = nn.Parameter(torch.zeros(3))
     hooked = torch.optim.Adam([p])

@@ -142,11 +142,11 @@ def adam_step_(optimizer: torch.optim.Optimizer) -> None:
     >>> p.tolist(), opt.state[p]["step"].item()  # the first step moves by lr · sign(g), up to ε
     ([0.5000000596046448], 1.0)
     """
-    for group in optimizer.param_groups:
-        params = [p for p in group["params"] if p.grad is not None]
-        if any(p.grad.is_sparse for p in params):
-            optimizer.step()  # torch's own path, which refuses sparse gradients with its sentence
-            return
+    groups = [(group, [p for p in group["params"] if p.grad is not None]) for group in optimizer.param_groups]
+    if any(p.grad.is_sparse for _, params in groups for p in params):
+        optimizer.step()  # torch's own path, which refuses sparse gradients with its sentence
+        return
+    for group, params in groups:
         (beta1, beta2), lr, eps, weight_decay = group["betas"], group["lr"], group["eps"], group["weight_decay"]
         for p in params:
             state = optimizer.state[p]
