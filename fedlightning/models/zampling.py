@@ -348,16 +348,17 @@ class SparseQ:
             raise ValueError(f"add_columns_ needs one coefficient per column index in [0, {self.n}).")
         self._add_columns_unchecked(w, columns, coef, backend=backend)
 
-    def add_changed_columns_(self, w: Tensor, z: Tensor, z_old: Tensor, *, max_changed: int) -> int:
+    def _add_changed_columns_unchecked(self, w: Tensor, z: Tensor, z_old: Tensor, *, max_changed: int) -> int:
         """w ← w + Q·(z − z_old) and z_old ← z in place, if they differ in at most ``max_changed`` coordinates.
 
         Returns how many differ; when more than ``max_changed`` do, nothing is written. One
-        compiled pass (CPU; float32 contiguous tensors, checked by the caller), the same sums
-        as :meth:`add_columns_` over the changed columns in ascending order.
+        compiled pass, the same sums as :meth:`add_columns_` over the changed columns in
+        ascending order. The kernel checks no bounds: the caller passes contiguous float32 CPU
+        tensors, z and z_old of length n and w of length m.
 
         >>> q = SparseQ(cols=torch.tensor([[0], [0], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
-        >>> w, z_old = torch.zeros(3), torch.tensor([0.0, 1.0])
-        >>> q.add_changed_columns_(w, torch.tensor([1.0, 0.0]), z_old, max_changed=2), w.tolist(), z_old.tolist()
+        >>> w, z, z_old = torch.zeros(3), torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+        >>> q._add_changed_columns_unchecked(w, z, z_old, max_changed=2), w.tolist(), z_old.tolist()
         (2, [1.0, 2.0, -3.0], [1.0, 0.0])
         """
         return int(
@@ -584,7 +585,7 @@ class ZampledWeights:
             if self._compiled and z.shape == previous.shape and z.is_contiguous() and self._w.is_contiguous():
                 w = self._w if in_place else self._w.clone()
                 limit = int(self.incremental_fraction * self.q.n)
-                flipped = self.q.add_changed_columns_(w, z, previous, max_changed=limit)  # previous ← z
+                flipped = self.q._add_changed_columns_unchecked(w, z, previous, max_changed=limit)  # previous ← z
                 if flipped <= limit:
                     self._w = w
                     self._since_refresh += 1
