@@ -1029,6 +1029,37 @@ def test_hand_taken_step_updates_the_cached_w_in_place_and_keeps_its_value() -> 
     assert in_place.stats["incremental"] == 5
 
 
+def test_draw_weights_draws_torch_bernoulli_masks_and_their_products_bit_for_bit() -> None:
+    q = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=4)
+    drawing, reference = ZampledWeights(q), ZampledWeights(q)
+    g_draw, g_ref = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    p = torch.rand(q.n, generator=torch.Generator().manual_seed(5))
+    frozen = (p > 0.5).float()
+    p[50:] = 0.5  # about half of the bits flip: over the incremental limit, full products
+    p[:50] = frozen[:50]
+    for step in range(40):
+        if step == 20:  # most of p frozen: few flips, the incremental kernel
+            p[:480] = frozen[:480]
+        w = drawing.draw_weights(p, g_draw)
+        z = torch.bernoulli(p, generator=g_ref)
+        assert torch.equal(w, reference.weights_for(z, in_place=True)), step
+        assert torch.equal(drawing._z, z), step
+    assert drawing.stats == reference.stats
+    assert drawing.stats["incremental"] >= 19 and drawing.stats["full"] >= 19  # both paths taken
+    assert torch.equal(torch.rand(3, generator=g_draw), torch.rand(3, generator=g_ref))  # the streams stay in step
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 1.5, -0.25])
+def test_draw_weights_refuses_a_probability_that_is_nan_or_outside_0_1(bad: float) -> None:
+    q = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=4)
+    weights, gen = ZampledWeights(q), torch.Generator().manual_seed(0)
+    p = torch.full((q.n,), 0.5)
+    weights.draw_weights(p, gen)  # the first draw: torch.bernoulli's own checks
+    p[7] = bad
+    with pytest.raises(ValueError, match="NaN or outside"):
+        weights.draw_weights(p, gen)
+
+
 def test_zampling_runs_take_hand_steps_that_equal_autograd_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     dm = digits_federation(3)
     finals = {}

@@ -531,8 +531,8 @@ class SampledNetwork(nn.Module):
         """One mini-batch by hand: the cross-entropy loss of a fresh mask's network, ∂L/∂s into ``score.grad``.
 
         The same mask, w and gradient as :meth:`resample`, the forward pass and
-        ``loss.backward()`` (up to float rounding), without autograd: w = Q·z is updated in
-        place (:meth:`ZampledWeights.weights_for`), ∂L/∂w is written into one flat buffer
+        ``loss.backward()`` (up to float rounding), without autograd: z is drawn and w = Q·z
+        updated in place (:meth:`ZampledWeights.draw_weights`), ∂L/∂w is written into one flat buffer
         (:func:`~fedlightning.federated.fused_step.chain_gradients_`), then passed straight
         through (:meth:`ZampledWeights.straight_through`) and through p(s)
         (:meth:`ScoreEstimator.score_gradient`). Returns the loss.
@@ -541,9 +541,11 @@ class SampledNetwork(nn.Module):
             raise RuntimeError("This SampledNetwork has no layer chain to take its steps by hand.")
         s = self.score.detach()
         p = self._estimator.probability(s)
-        z = bernoulli_draw(p, self._generator) if self._sampling else p
         self._weights.set_free(p)
-        w = self._weights.weights_for(z, in_place=True)
+        if self._sampling:
+            w = self._weights.draw_weights(p, self._generator)  # z ~ Bernoulli(p), as bernoulli_draw draws it
+        else:
+            w = self._weights.weights_for(p, in_place=True)
         if self._views is None or self._views[0] is not w:  # a full product gives a new w
             self._views = (w, self._pairs(w))
         if self._grad is None:

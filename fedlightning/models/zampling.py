@@ -365,6 +365,24 @@ class SparseQ:
             _kernels().add_changed_columns(*self.csc_arrays(), z.numpy(), z_old.numpy(), w.numpy(), int(max_changed))
         )
 
+    def _add_drawn_columns_unchecked(self, w: Tensor, p: Tensor, u: Tensor, z_old: Tensor, *, max_changed: int) -> int:
+        """u ← z = (u < p), then :meth:`_add_changed_columns_unchecked` with z; −1 if some p is outside [0, 1].
+
+        For uniforms u from ``torch.rand`` z is the mask ``torch.bernoulli(p)`` draws from the
+        same uniforms. Unchecked as :meth:`_add_changed_columns_unchecked` is; p and u are
+        contiguous float32 CPU tensors of length n as well.
+
+        >>> q = SparseQ(cols=torch.tensor([[0], [0], [1]]), vals=torch.tensor([[1.0], [2.0], [3.0]]), n=2)
+        >>> w, p, u = torch.zeros(3), torch.tensor([0.9, 0.0]), torch.tensor([0.5, 0.5])
+        >>> q._add_drawn_columns_unchecked(w, p, u, torch.tensor([0.0, 1.0]), max_changed=2), w.tolist(), u.tolist()
+        (2, [1.0, 2.0, -3.0], [1.0, 0.0])
+        """
+        return int(
+            _kernels().add_drawn_columns(
+                *self.csc_arrays(), p.numpy(), u.numpy(), z_old.numpy(), w.numpy(), int(max_changed)
+            )
+        )
+
     def _add_columns_unchecked(self, w: Tensor, columns: Tensor, coef: Tensor, *, backend: Backend) -> None:
         """:meth:`add_columns_` for arguments known to be valid (indices from ``nonzero`` of a length-n vector)."""
         if self.compiled(backend) and w.dtype == torch.float32 and w.is_contiguous():
@@ -584,14 +602,10 @@ class ZampledWeights:
         if self.fast and previous is not None and self._w is not None and self._since_refresh < self.refresh_every:
             if self._compiled and z.shape == previous.shape and z.is_contiguous() and self._w.is_contiguous():
                 w = self._w if in_place else self._w.clone()
-                limit = int(self.incremental_fraction * self.q.n)
+                limit = self._max_changed()
                 flipped = self.q._add_changed_columns_unchecked(w, z, previous, max_changed=limit)  # previous ← z
                 if flipped <= limit:
-                    self._w = w
-                    self._since_refresh += 1
-                    self.stats["incremental"] += 1
-                    self.stats["flipped"] += flipped
-                    return w
+                    return self._updated(w, flipped)
                 return self._full_product(z)
             changed = torch.nonzero(z != previous).squeeze(1)
             if changed.numel() <= self.incremental_fraction * self.q.n:
@@ -600,12 +614,59 @@ class ZampledWeights:
                     self.q._add_columns_unchecked(
                         w, changed, (z - previous).index_select(0, changed), backend=self.backend
                     )
-                self._w, self._z = w, z.clone()
-                self._since_refresh += 1
-                self.stats["incremental"] += 1
-                self.stats["flipped"] += int(changed.numel())
-                return w
+                self._z = z.clone()
+                return self._updated(w, int(changed.numel()))
         return self._full_product(z)
+
+    def draw_weights(self, p: Tensor, generator: torch.Generator) -> Tensor:
+        """Q·z for a fresh mask z ~ Bernoulli(p): :meth:`weights_for` (``in_place``) of ``bernoulli_draw(p)``.
+
+        The mask is the one ``torch.bernoulli(p, generator=generator)`` draws, bit for bit. On
+        the compiled incremental path it is made inside the update's kernel from
+        ``torch.rand``'s uniforms (z = u < p, the comparison ``torch.bernoulli`` makes), which
+        spares the draw's own pass (its cost grows with the share of p strictly inside (0, 1)).
+
+        Raises:
+            ValueError: some p is NaN or outside [0, 1] (a diverged score).
+        """
+        previous, w = self._z, self._w
+        if not (
+            self._compiled
+            and self.fast
+            and previous is not None
+            and w is not None
+            and self._since_refresh < self.refresh_every
+            and generator.device.type == "cpu"
+            and p.dtype == torch.float32
+            and p.device.type == "cpu"
+            and p.shape == previous.shape
+            and p.is_contiguous()
+        ):
+            z = torch.bernoulli(p.detach().to(generator.device), generator=generator)
+            return self.weights_for(z.to(p.device), in_place=True)
+        u = torch.rand(p.shape, generator=generator)
+        limit = self._max_changed()
+        flipped = self.q._add_drawn_columns_unchecked(w, p.detach(), u, previous, max_changed=limit)  # u ← z
+        if flipped < 0:
+            raise ValueError(
+                "A mask probability p is NaN or outside [0, 1], so the scores diverged; "
+                "lower method.client_optimizer.lr."
+            )
+        if flipped <= limit:
+            return self._updated(w, flipped)
+        return self._full_product(u)
+
+    def _max_changed(self) -> int:
+        """The most changed coordinates the incremental update takes (``incremental_fraction``·n)."""
+        return int(self.incremental_fraction * self.q.n)
+
+    def _updated(self, w: Tensor, flipped: int) -> Tensor:
+        """Record an incremental update of w over ``flipped`` changed coordinates; returns w."""
+        self._w = w
+        self._since_refresh += 1
+        self.stats["incremental"] += 1
+        self.stats["flipped"] += flipped
+        return w
 
     def _full_product(self, z: Tensor) -> Tensor:
         self._w = self.q.matvec(z, backend=self.backend)

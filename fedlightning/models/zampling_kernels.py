@@ -31,7 +31,15 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["add_changed_columns", "add_columns", "free_rmatvec", "slab_matmat", "slab_matvec", "slab_rmatvec"]
+__all__ = [
+    "add_changed_columns",
+    "add_columns",
+    "add_drawn_columns",
+    "free_rmatvec",
+    "slab_matmat",
+    "slab_matvec",
+    "slab_rmatvec",
+]
 
 _JIT: dict[str, Any] = {"fastmath": True, "boundscheck": False, "nogil": True, "cache": True}
 
@@ -124,6 +132,31 @@ def add_changed_columns(
                 w[col_rows[e]] += c * col_vals[e]
             z_old[j] = z[j]
     return changed
+
+
+@njit(boundscheck=False, nogil=True, cache=True)  # no fastmath: NaN must fail the range check
+def add_drawn_columns(
+    col_ptr: np.ndarray,
+    col_rows: np.ndarray,
+    col_vals: np.ndarray,
+    p: np.ndarray,
+    u: np.ndarray,
+    z_old: np.ndarray,
+    w: np.ndarray,
+    max_changed: int,
+) -> int:
+    """u ← z = (u < p) as 0/1, then :func:`add_changed_columns` with z; returns its count, or −1.
+
+    With u uniform on [0, 1) (``torch.rand``) z is a Bernoulli(p) mask: the one
+    ``torch.bernoulli(p)`` draws from the same uniforms. Returns −1, writing nothing else, when
+    some p lies outside [0, 1] or is NaN.
+    """
+    for j in range(p.shape[0]):
+        if not (0.0 <= p[j] <= 1.0):
+            return -1
+    for j in range(p.shape[0]):
+        u[j] = np.float32(1.0) if u[j] < p[j] else np.float32(0.0)
+    return add_changed_columns(col_ptr, col_rows, col_vals, u, z_old, w, max_changed)
 
 
 @njit(**_JIT)
