@@ -1,7 +1,7 @@
 """Zampling speed (arXiv 2503.14246): a training step and a federated round against FedAvg.
 
 Part 1 (``--kernels``), the Q·z and Qᵀ·g kernels alone at m/n = 32, d = 10 on mnistfc
-(m = 266,610, n = 8,331, 2.67 M non-zeros), one thread: the compiled slab kernels against
+(m = 266,610, n = 8,331, 2.67 M non-zeros), one thread: the compiled row-layout kernels against
 ``torch.mv`` on the CSR layouts, the dense-index formulation (cols/vals of shape (m, d):
 gather z, multiply, sum; backward by ``index_add_``/``bincount``), ``segment_reduce`` over the
 CSC, and the incremental update (compiled, and ``index_add_`` over the padded column table)
@@ -132,11 +132,11 @@ def kernel_benchmark(repeats: int) -> dict[str, float]:
     g_ext = torch.cat([g, torch.zeros(1)])
     full_block = q.free_block(all_columns)
     fns: dict[str, Any] = {
-        "fwd compiled slabs (default on the CPU)": lambda: q.matvec(z),
+        "fwd compiled rows (default on the CPU)": lambda: q.matvec(z),
         "fwd csr mv (torch.mv)": lambda: q.matvec(z, backend="torch"),
         "fwd csr @ z[:, None]": lambda: q.csr @ z.reshape(-1, 1),
         "fwd dense-index (vals * z[cols]).sum(1)": lambda: (q.vals * z[q.cols]).sum(1),
-        "bwd compiled slabs (default on the CPU)": lambda: q.rmatvec(g),
+        "bwd compiled rows (default on the CPU)": lambda: q.rmatvec(g),
         "bwd csr-of-Qt mv (torch.mv)": lambda: torch.mv(q.csr_t, g),
         "bwd csr-of-Qt @ g[:, None]": lambda: q.rmatvec(g, backend="torch"),
         "bwd free-column CSR block, all columns": lambda: torch.mv(full_block, g_ext),

@@ -133,11 +133,11 @@ def test_q_products_by_hand(backend: str) -> None:
     assert w.tolist() == [1.25, 2.75]
 
 
-@pytest.mark.parametrize("n", [510, 70_000])  # uint16 and uint32 column indices in the slabs
+@pytest.mark.parametrize("n", [510, 70_000])  # uint16 and uint32 column indices in the row layout
 def test_compiled_kernels_equal_the_torch_products(n: int) -> None:
     fan = torch.full((3000,), 50.0)
     q = zampling_q(fan, n=n, d=7, seed=9)
-    assert q.slabs()[0].dtype.name == ("uint16" if n <= 2**16 else "uint32")
+    assert q.row_arrays()[0].dtype.name == ("uint16" if n <= 2**16 else "uint32")
     gen = torch.Generator().manual_seed(0)
     z = torch.bernoulli(torch.full((n,), 0.5), generator=gen)
     g = torch.randn(3000, generator=gen)
@@ -821,7 +821,7 @@ def test_resume_continues_the_same_run(make_config, tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------- batched evaluation
 @pytest.mark.parametrize("backend", ["compiled", "torch"])
-@pytest.mark.parametrize("n", [510, 70_000])  # uint16 and uint32 column indices in the slabs
+@pytest.mark.parametrize("n", [510, 70_000])  # uint16 and uint32 column indices in the row layout
 def test_matmat_rows_equal_matvec_of_each_mask(backend: str, n: int) -> None:
     q = zampling_q(torch.full((3000,), 50.0), n=n, d=7, seed=9)
     masks = torch.bernoulli(torch.full((5, n), 0.5), generator=torch.Generator().manual_seed(1))

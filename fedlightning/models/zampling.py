@@ -12,7 +12,7 @@ arXiv 2503.14246 (§"Our Framework"). Names follow the paper:
 * ``z`` ∈ {0,1}^n: a mask sampled from Bernoulli(p); the network's weights are w = Q·z
   (the *expected network* uses w = Q·p).
 
-Q is stored by row as (d, m) slabs and by column (CSC), each O(m·d). :class:`ZampledWeights`
+Q is stored by row and by column (CSC), each O(m·d). :class:`ZampledWeights`
 computes w for consecutive masks incrementally (w ← w + Q·(z_new − z_old) over the columns
 that changed), and its backward pass computes Qᵀ·∂L/∂w only for the columns that are still
 free (0 < p < 1). On the CPU the products run on compiled kernels
@@ -169,7 +169,7 @@ class SparseQ:
     """The m × n matrix Q with exactly ``d`` non-zeros per row.
 
     Products run on compiled kernels (:mod:`fedlightning.models.zampling_kernels`) for CPU
-    tensors, over the (d, m) slab layout and the CSC of Q, and on ``torch.mv`` over CSR
+    tensors, over Q row by row and its CSC, and on ``torch.mv`` over CSR
     layouts elsewhere (GPU) or when asked (``backend="torch"``, the reference path). Every
     layout is O(m·d) and built on first use.
 
@@ -194,7 +194,7 @@ class SparseQ:
         self.col_vals = self.vals.reshape(-1).to(torch.float32)[order]
         self._csr: Tensor | None = None
         self._csr_t: Tensor | None = None
-        self._slabs: tuple[np.ndarray, np.ndarray] | None = None
+        self._rows: tuple[np.ndarray, np.ndarray] | None = None
         self._csc: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._padded: tuple[Tensor, Tensor] | None = None
 
@@ -219,20 +219,20 @@ class SparseQ:
             self._csr_t = _csr_tensor(self.col_ptr.to(torch.int32), self.col_rows, self.col_vals, (self.n, self.m))
         return self._csr_t
 
-    def slabs(self) -> tuple[np.ndarray, np.ndarray]:
-        """(cols_t, vals_t), each (d, m): the k-th non-zero of every row; unsigned column indices.
+    def row_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cols, vals), each (m, d): row i's non-zeros; unsigned column indices (CPU only), made once.
 
         >>> q = SparseQ(cols=torch.tensor([[0, 2], [1, 2]]), vals=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), n=3)
-        >>> cols_t, vals_t = q.slabs()
-        >>> cols_t.tolist(), cols_t.dtype.name, vals_t.tolist()
-        ([[0, 1], [2, 2]], 'uint16', [[1.0, 3.0], [2.0, 4.0]])
+        >>> cols, vals = q.row_arrays()
+        >>> cols.tolist(), cols.dtype.name, vals.tolist()
+        ([[0, 2], [1, 2]], 'uint16', [[1.0, 2.0], [3.0, 4.0]])
         """
-        if self._slabs is None:
+        if self._rows is None:
             index = np.uint16 if self.n <= 2**16 else np.uint32
-            cols_t = np.ascontiguousarray(self.cols.cpu().numpy().T, dtype=index)
-            vals_t = np.ascontiguousarray(self.vals.cpu().to(torch.float32).numpy().T)
-            self._slabs = (cols_t, vals_t)
-        return self._slabs
+            cols = np.ascontiguousarray(self.cols.cpu().numpy(), dtype=index)
+            vals = np.ascontiguousarray(self.vals.cpu().to(torch.float32).numpy())
+            self._rows = (cols, vals)
+        return self._rows
 
     def csc_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(col_ptr, col_rows as uint32, col_vals): the CSC as the compiled kernels take it (CPU only), made once."""
@@ -270,8 +270,7 @@ class SparseQ:
         if not self.compiled(backend):
             return torch.mv(self.csr, z)  # faster than a one-column ``@`` (measured)
         out = torch.empty(self.m)
-        cols_t, vals_t = self.slabs()
-        _kernels().slab_matvec(cols_t, vals_t, z.contiguous().numpy(), out.numpy())
+        _kernels().row_matvec(*self.row_arrays(), z.contiguous().numpy(), out.numpy())
         return out
 
     def matmat(self, z: Tensor, *, backend: Backend = "auto") -> Tensor:
@@ -289,8 +288,7 @@ class SparseQ:
         if not self.compiled(backend):
             return (self.csr @ z.T).T.contiguous()
         out = torch.empty(self.m, z.shape[0])
-        cols_t, vals_t = self.slabs()
-        _kernels().slab_matmat(cols_t, vals_t, z.T.contiguous().numpy(), out.numpy())
+        _kernels().row_matmat(*self.row_arrays(), z.T.contiguous().numpy(), out.numpy())
         return out.T.contiguous()
 
     def rmatvec(self, g: Tensor, *, backend: Backend = "auto") -> Tensor:
@@ -299,8 +297,7 @@ class SparseQ:
         if not self.compiled(backend):
             return (self.csr_t @ g.reshape(-1, 1)).reshape(-1)
         out = torch.empty(self.n)
-        cols_t, vals_t = self.slabs()
-        _kernels().slab_rmatvec(cols_t, vals_t, g.contiguous().numpy(), out.numpy())
+        _kernels().row_rmatvec(*self.row_arrays(), g.contiguous().numpy(), out.numpy())
         return out
 
     def free_rmatvec(self, g: Tensor, p: Tensor) -> tuple[Tensor, int]:

@@ -2,24 +2,25 @@
 
 Q (m × n, exactly d non-zeros per row) is read in two layouts:
 
-* **slabs**: ``cols_t``/``vals_t`` of shape (d, m), the k-th non-zero of every row; column
-  indices are unsigned (uint16 when n ≤ 65,536, else uint32), which spares the compiled
-  loop the negative-index wrap-around check and, at uint16, a quarter of the bytes per entry;
-* **CSC** (the rows of Qᵀ): ``col_ptr``, ``col_rows`` (uint32), ``col_vals``.
+* **rows**: ``cols``/``vals`` of shape (m, d), row i's d non-zeros side by side; column indices
+  are unsigned (uint16 when n ≤ 65,536, else uint32), which spares the compiled loop the
+  negative-index wrap-around check and, at uint16, a quarter of the bytes per entry. The full
+  products read it once, in order, and touch each entry of the m-long vector (w, or ∂L/∂w) once;
+* **CSC** (the rows of Qᵀ): ``col_ptr``, ``col_rows`` (uint32), ``col_vals``, for the work on a
+  few columns: the incremental update and the free-column backward.
 
-Each kernel is a plain loop compiled by numba (``fastmath``, no bounds checks, one thread),
-so it runs at the speed of a C loop: on the benchmark machine one pass over Q's 2.67 M
-non-zeros (mnistfc, m/n = 32, d = 10) took 2.1 ms forward and 2.1 ms backward, against 2.4 ms
-and 3.3 ms for ``torch.mv`` on CSR (``benchmarks/results/zampling.md``, "Speed"). Callers
-check shapes and dtypes (:class:`fedlightning.models.zampling.SparseQ`); the kernels do not.
+Each kernel is a plain loop compiled by numba (``fastmath`` unless noted, no bounds checks,
+one thread), so it runs at the speed of a C loop (``benchmarks/zampling_speed.py --kernels``
+times them against ``torch.mv`` on CSR; results in ``benchmarks/results/``). Callers check
+shapes and dtypes (:class:`fedlightning.models.zampling.SparseQ`); the kernels do not.
 Compiled code is cached on disk, so only the first process pays the compilation.
 
 Example:
     >>> import numpy as np
-    >>> cols_t = np.array([[0, 1]], dtype=np.uint16)      # d = 1, m = 2: Q = [[2, 0], [0, 3]]
-    >>> vals_t = np.array([[2.0, 3.0]], dtype=np.float32)
+    >>> cols = np.array([[0], [1]], dtype=np.uint16)      # d = 1, m = 2: Q = [[2, 0], [0, 3]]
+    >>> vals = np.array([[2.0], [3.0]], dtype=np.float32)
     >>> w = np.empty(2, np.float32)
-    >>> slab_matvec(cols_t, vals_t, np.array([1.0, 1.0], np.float32), w)
+    >>> row_matvec(cols, vals, np.array([1.0, 1.0], np.float32), w)
     >>> w.tolist()
     [2.0, 3.0]
 """
@@ -36,55 +37,55 @@ __all__ = [
     "add_columns",
     "add_drawn_columns",
     "free_rmatvec",
-    "slab_matmat",
-    "slab_matvec",
-    "slab_rmatvec",
+    "row_matmat",
+    "row_matvec",
+    "row_rmatvec",
 ]
 
 _JIT: dict[str, Any] = {"fastmath": True, "boundscheck": False, "nogil": True, "cache": True}
 
 
 @njit(**_JIT)
-def slab_matvec(cols_t: np.ndarray, vals_t: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:
-    """out ← Q·z: out[i] = Σ_k vals_t[k, i]·z[cols_t[k, i]] (one slab at a time, contiguous)."""
-    d, m = cols_t.shape
+def row_matvec(cols: np.ndarray, vals: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:
+    """out ← Q·z: out[i] = Σ_k vals[i, k]·z[cols[i, k]], row by row (each out[i] written once)."""
+    m, d = cols.shape
     for i in range(m):
-        out[i] = vals_t[0, i] * z[cols_t[0, i]]
-    for k in range(1, d):
-        for i in range(m):
-            out[i] += vals_t[k, i] * z[cols_t[k, i]]
+        acc = vals[i, 0] * z[cols[i, 0]]
+        for k in range(1, d):
+            acc += vals[i, k] * z[cols[i, k]]
+        out[i] = acc
 
 
 @njit(**_JIT)
-def slab_matmat(cols_t: np.ndarray, vals_t: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:
+def row_matmat(cols: np.ndarray, vals: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:
     """out ← Q·Z for B masks at once: z is (n, B), out (m, B); each gathered row z[j, :] is contiguous.
 
     One pass over Q's non-zeros serves all B masks, so the gather cost of Q·z is paid once per
     B networks (the per-round evaluation of many sampled networks).
     """
-    d, m = cols_t.shape
+    m, d = cols.shape
     b = z.shape[1]
     for i in range(m):
-        v = vals_t[0, i]
-        j = cols_t[0, i]
+        v = vals[i, 0]
+        j = cols[i, 0]
         for c in range(b):
             out[i, c] = v * z[j, c]
-    for k in range(1, d):
-        for i in range(m):
-            v = vals_t[k, i]
-            j = cols_t[k, i]
+        for k in range(1, d):
+            v = vals[i, k]
+            j = cols[i, k]
             for c in range(b):
                 out[i, c] += v * z[j, c]
 
 
 @njit(**_JIT)
-def slab_rmatvec(cols_t: np.ndarray, vals_t: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
-    """out ← Qᵀ·g: scatter vals_t[k, i]·g[i] into out[cols_t[k, i]] (out, n floats, stays in cache)."""
-    d, m = cols_t.shape
+def row_rmatvec(cols: np.ndarray, vals: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """out ← Qᵀ·g: scatter vals[i, k]·g[i] into out[cols[i, k]] (out, n floats, stays in cache)."""
+    m, d = cols.shape
     out[:] = 0.0
-    for k in range(d):
-        for i in range(m):
-            out[cols_t[k, i]] += vals_t[k, i] * g[i]
+    for i in range(m):
+        gi = g[i]
+        for k in range(d):
+            out[cols[i, k]] += vals[i, k] * gi
 
 
 @njit(**_JIT)
