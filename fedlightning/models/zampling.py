@@ -616,7 +616,7 @@ class ZampledWeights:
         return self._full_product(z)
 
     def draw_weights(self, p: Tensor, generator: torch.Generator) -> Tensor:
-        """Q·z for a fresh mask z ~ Bernoulli(p): :meth:`weights_for` (``in_place``) of ``bernoulli_draw(p)``.
+        """Q·z for a fresh mask z ~ Bernoulli(p), as :meth:`weights_for` (``in_place``) gives it for that mask.
 
         The mask is the one ``torch.bernoulli(p, generator=generator)`` draws, bit for bit. On
         the compiled incremental path it is made inside the update's kernel from
