@@ -1031,7 +1031,7 @@ def test_hand_taken_step_updates_the_cached_w_in_place_and_keeps_its_value() -> 
 
 def test_draw_weights_draws_torch_bernoulli_masks_and_their_products_bit_for_bit() -> None:
     q = zampling_q(row_fan_in(SMALL), n=510, d=10, seed=4)
-    drawing, reference = ZampledWeights(q), ZampledWeights(q)
+    drawing, reference = ZampledWeights(q, refresh_every=7), ZampledWeights(q, refresh_every=7)  # refreshes too
     g_draw, g_ref = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     p = torch.rand(q.n, generator=torch.Generator().manual_seed(5))
     frozen = (p > 0.5).float()
@@ -1045,7 +1045,7 @@ def test_draw_weights_draws_torch_bernoulli_masks_and_their_products_bit_for_bit
         assert torch.equal(w, reference.weights_for(z, in_place=True)), step
         assert torch.equal(drawing._z, z), step
     assert drawing.stats == reference.stats
-    assert drawing.stats["incremental"] >= 19 and drawing.stats["full"] >= 19  # both paths taken
+    assert drawing.stats["incremental"] >= 15 and drawing.stats["full"] >= 21  # every path taken
     assert torch.equal(torch.rand(3, generator=g_draw), torch.rand(3, generator=g_ref))  # the streams stay in step
 
 
