@@ -73,7 +73,14 @@ from fedlightning.federated.message import Bitstream, Message
 from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT, own_local_work
 from fedlightning.federated.params import assign_flat_, num_parameters
 from fedlightning.federated.payloads import Payload
-from fedlightning.models.zampling import SparseQ, ZampledNetwork, ZampledWeights, row_fan_in, zampling_q
+from fedlightning.models.zampling import (
+    SparseQ,
+    ZampledNetwork,
+    ZampledWeights,
+    bernoulli_draw,
+    row_fan_in,
+    zampling_q,
+)
 
 if TYPE_CHECKING:
     from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation
@@ -391,18 +398,6 @@ def holdout_positions(num_samples: int, fraction: float, generator: torch.Genera
     held = min(max(round(fraction * num_samples), 1), num_samples - 1)
     perm = torch.randperm(num_samples, generator=generator)
     return perm[held:], perm[:held]
-
-
-def bernoulli_draw(p: Tensor, generator: torch.Generator) -> Tensor:
-    """z ~ Bernoulli(p) drawn on the generator's device and returned on p's.
-
-    The streams of :meth:`FederatedModule.generator` are CPU generators, so the masks are the
-    same whichever device trains.
-
-    >>> bernoulli_draw(torch.tensor([0.0, 1.0]), torch.Generator().manual_seed(0)).tolist()
-    [0.0, 1.0]
-    """
-    return torch.bernoulli(p.detach().to(generator.device), generator=generator).to(p.device)
 
 
 # ---------------------------------------------------------------------------------- uplink codec

@@ -48,6 +48,7 @@ __all__ = [
     "SparseQ",
     "ZampledNetwork",
     "ZampledWeights",
+    "bernoulli_draw",
     "diagonal_q",
     "draw_distinct_columns",
     "glorot_std",
@@ -448,6 +449,18 @@ def _kernels() -> ModuleType:
     return zampling_kernels
 
 
+def bernoulli_draw(p: Tensor, generator: torch.Generator) -> Tensor:
+    """z ~ Bernoulli(p) drawn on the generator's device and returned on p's.
+
+    The streams of :meth:`fedlightning.federated.module.FederatedModule.generator` are CPU
+    generators, so the masks are the same whichever device trains.
+
+    >>> bernoulli_draw(torch.tensor([0.0, 1.0]), torch.Generator().manual_seed(0)).tolist()
+    [0.0, 1.0]
+    """
+    return torch.bernoulli(p.detach().to(generator.device), generator=generator).to(p.device)
+
+
 def zampling_q(fan_in: Tensor, *, n: int, d: int, seed: int) -> SparseQ:
     """The paper's Q: d distinct random columns per row, values N(0, 6/(d·fan_in)), from ``seed``.
 
@@ -618,7 +631,7 @@ class ZampledWeights:
     def draw_weights(self, p: Tensor, generator: torch.Generator) -> Tensor:
         """Q·z for a fresh mask z ~ Bernoulli(p), as :meth:`weights_for` (``in_place``) gives it for that mask.
 
-        The mask is the one ``torch.bernoulli(p, generator=generator)`` draws, bit for bit. On
+        The mask is the one :func:`bernoulli_draw` draws (``torch.bernoulli``), bit for bit. On
         the compiled incremental path it is made inside the update's kernel from
         ``torch.rand``'s uniforms (z = u < p, the comparison ``torch.bernoulli`` makes), which
         spares the draw's own pass (its cost grows with the share of p strictly inside (0, 1)).
@@ -639,8 +652,7 @@ class ZampledWeights:
             and p.shape == previous.shape
             and p.is_contiguous()
         ):
-            z = torch.bernoulli(p.detach().to(generator.device), generator=generator)
-            return self.weights_for(z.to(p.device), in_place=True)
+            return self.weights_for(bernoulli_draw(p, generator), in_place=True)
         u = torch.rand(p.shape, generator=generator)
         limit = self._max_changed()
         flipped = self.q._add_drawn_columns_unchecked(w, p.detach(), u, previous, max_changed=limit)  # u ← z
