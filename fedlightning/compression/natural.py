@@ -134,8 +134,8 @@ class NaturalCompression(Compressor):
         return 9.0 * d
 
     def round(self, x: Tensor, generator: torch.Generator) -> Tensor:
-        """C_nat(x) without encoding (same values the message decodes to)."""
-        return natural_round(x, generator)
+        """C_nat(x) without encoding (same values the message decodes to), on ``x``'s device."""
+        return natural_round(x.detach().cpu(), generator).to(x.device)
 
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
         write_natural_codes(writer, natural_round(x, generator).numpy())

@@ -122,8 +122,8 @@ class Compressor:
         return out.reshape(message.shape)
 
     def __call__(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """``C(x)`` as the receiver decodes it."""
-        return self.compress(x, generator).decode()
+        """``C(x)`` as the receiver decodes it, on ``x``'s device."""
+        return self.compress(x, generator).decode().to(x.device)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"

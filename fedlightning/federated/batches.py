@@ -47,8 +47,9 @@ def gathered_batches(
     """``(x[idx], y[idx])`` for each ``idx`` of ``batches``, gathered a block at a time.
 
     Each block of consecutive batches holding at least ``rows`` indices is gathered with one
-    ``index_select`` per tensor and handed out as views, instead of one indexing per batch
-    (S2's client: six batches of 10, one gather). The values are those of ``x[idx]``.
+    ``index_select`` per tensor and handed out as views, instead of one indexing per batch.
+    The values are those of ``x[idx]``. Index batches drawn on the CPU (the client's stream is
+    a CPU generator) are moved to the data's device once per block.
 
     >>> x, y = torch.arange(10.0).reshape(5, 2), torch.arange(5)
     >>> [b.tolist() for _, b in gathered_batches(x, y, [torch.tensor([4, 0]), torch.tensor([2])], rows=2)]
@@ -65,6 +66,6 @@ def gathered_batches(
                 break
         if not block:
             return
-        index = block[0] if len(block) == 1 else torch.cat(block)
+        index = (block[0] if len(block) == 1 else torch.cat(block)).to(x.device, non_blocking=True)
         sizes = [len(idx) for idx in block]
         yield from zip(x.index_select(0, index).split(sizes), y.index_select(0, index).split(sizes), strict=True)

@@ -269,8 +269,9 @@ class ReplicaCodec:
         raise TypeError("ReplicaCodec only decodes; DownlinkChannel.encode writes its messages.")
 
     def decode(self, message: Message) -> Tensor:
+        """``reference + C(x − reference)`` on the reference's device (the operator decodes on the CPU)."""
         inner = Message(payload=message.payload, num_bits=message.num_bits, codec=self.compressor, shape=message.shape)
-        return self.reference.reshape(message.shape) + self.compressor.decode(inner)
+        return self.reference.reshape(message.shape) + self.compressor.decode(inner).to(self.reference.device)
 
 
 class DownlinkChannel(Channel):

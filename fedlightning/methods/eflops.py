@@ -200,7 +200,7 @@ def kl_to_constraint_pull(pi: Tensor, lagrange: float, temperature: float, prior
     >>> [round(v, 4) for v in kl_to_constraint_pull(torch.tensor([0.5, 0.9]), -2.0, 0.1, 0.5).tolist()]
     [0.0, 0.1099]
     """
-    p = torch.as_tensor(prior, dtype=pi.dtype)
+    p = torch.as_tensor(prior, dtype=pi.dtype, device=pi.device)
     q = pi.clamp(1e-7, 1.0 - 1e-7)
     pull = temperature * (torch.logit(q) - torch.logit(p)).abs()
     return pull / abs(lagrange) if lagrange != 0 else torch.full_like(pull, math.inf)

@@ -357,7 +357,7 @@ def perturbation_draw(
     ([0.0, 0.0], True, True)
     """
     support = perturbation_support(p, tau, region)
-    draw = torch.randn(p.shape, generator=generator, dtype=p.dtype)
+    draw = torch.randn(p.shape, generator=generator, dtype=p.dtype, device=generator.device).to(p.device)
     eps = torch.where(support, draw, torch.zeros_like(p))
     return (p + eps).clamp(0.0, 1.0), eps, draw
 
@@ -432,6 +432,7 @@ class MaskCodec:
         self.bitpack = BitPackCodec()
 
     def encode(self, x: Tensor) -> Message:
+        x = x.detach().cpu()  # one host copy serves both codes
         ranged, packed = self.range.encode(x), self.bitpack.encode(x)
         body, flag = (ranged, 1) if ranged.num_bits < packed.num_bits else (packed, 0)
         stream = np.concatenate([np.array([flag], dtype=np.uint8), _bits(body.payload, body.num_bits)])

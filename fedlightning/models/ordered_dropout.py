@@ -427,7 +427,8 @@ def sub_model_macs(model: nn.Module, arch: ODArchitecture, units: Units, input_s
     if isinstance(model, CharLSTM):
         raise ValueError("sub_model_macs counts convolutions and linear layers only; the LSTM kernel is not counted.")
 
-    x = torch.zeros(1, *input_shape, dtype=torch.long if isinstance(model, CharLSTM) else torch.float32)
+    dtype = torch.long if isinstance(model, CharLSTM) else torch.float32
+    x = torch.zeros(1, *input_shape, dtype=dtype, device=next(model.parameters()).device)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         arch.forward(model, x, units)

@@ -256,7 +256,7 @@ class SparseQ:
 
     def to_dense(self) -> Tensor:
         """Q as a dense m × n tensor (tests and tiny models only)."""
-        dense = torch.zeros(self.m, self.n)
+        dense = torch.zeros(self.m, self.n, device=self.vals.device)
         dense.scatter_add_(1, self.cols, self.vals.to(torch.float32))
         return dense
 
@@ -324,9 +324,9 @@ class SparseQ:
     def column_block(self, columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(ptr, rows, vals) of the CSR of Qᵀ restricted to ``columns`` (int64, sorted or not)."""
         counts = self.col_ptr[columns + 1] - self.col_ptr[columns]
-        ptr = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        ptr = torch.cat([torch.zeros(1, dtype=torch.int64, device=counts.device), counts.cumsum(0)])
         total = int(ptr[-1])
-        offsets = torch.arange(total) - torch.repeat_interleave(ptr[:-1], counts)
+        offsets = torch.arange(total, device=counts.device) - torch.repeat_interleave(ptr[:-1], counts)
         positions = torch.repeat_interleave(self.col_ptr[columns], counts) + offsets
         return ptr, self.col_rows[positions], self.col_vals[positions]
 
@@ -481,7 +481,8 @@ def zampling_q(fan_in: Tensor, *, n: int, d: int, seed: int) -> SparseQ:
 def diagonal_q(values: Tensor) -> SparseQ:
     """Q = diag(values): d = 1, n = m, each weight masked by its own bit (supermask, FedPM)."""
     m = values.numel()
-    return SparseQ(cols=torch.arange(m).unsqueeze(1), vals=values.reshape(m, 1).to(torch.float32), n=m)
+    cols = torch.arange(m, device=values.device).unsqueeze(1)
+    return SparseQ(cols=cols, vals=values.reshape(m, 1).to(torch.float32), n=m)
 
 
 # ---------------------------------------------------------------------------------- Q·z
