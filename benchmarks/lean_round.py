@@ -9,9 +9,9 @@ weighted mean and one test-set pass in batches of 1,024. The engine's per-client
 (engine round − plain round) / 100. Arms:
 ``peer`` (the suite's plain peer, ``benchmarks/perf/systems/plain_loop.py``, on these
 batches: no flat upload, float32 sums in place); ``peer_fused`` (the same, each step taken by
-:func:`fedlightning.federated.fused_step.fused_sgd_step_`); ``plain``; ``engine`` (``FedAvg``
+:func:`fedlightning.federated.local.fused.fused_sgd_step_`); ``plain``; ``engine`` (``FedAvg``
 under a bare ``Trainer``: no logger, checkpoints or accountant; its steps fused, as
-``fused_local_step=auto`` does); ``engine_autograd`` (the same with ``fused_local_step=false``);
+``local_execution=fused`` does); ``engine_autograd`` (the same with ``local_execution=loop``);
 ``cli`` (the config the
 ``fedlightning`` command composes for S2, run through :func:`fedlightning.run.run` with its
 loggers and callbacks). ``cli:A;B`` is the ``cli`` arm with the overrides A and B added, to
@@ -43,7 +43,7 @@ import torch
 
 from fedlightning.datamodules import IIDPartition, MNISTDataModule
 from fedlightning.federated.batches import local_batches
-from fedlightning.federated.fused_step import fused_sgd_step_, linear_chain, plain_sgd_rates
+from fedlightning.federated.local.fused import fused_sgd_step_, linear_chain, plain_sgd_rates
 from fedlightning.federated.params import assign_flat_, flat_parameters
 from fedlightning.federated.rng import torch_generator
 from fedlightning.methods import FedAvg
@@ -68,7 +68,7 @@ def cohort_of(round_idx: int) -> list[int]:
 def local_epoch(client: torch.nn.Module, dm: MNISTDataModule, cid: int, round_idx: int, fused: bool = False) -> int:
     """One epoch of plain SGD on client ``cid``'s batches (the engine's schedule); its sample count.
 
-    ``fused``: each step by :func:`~fedlightning.federated.fused_step.fused_sgd_step_`.
+    ``fused``: each step by :func:`~fedlightning.federated.local.fused.fused_sgd_step_`.
     """
     opt = torch.optim.SGD(client.parameters(), lr=LR)
     layers = linear_chain(client) if fused else []
@@ -186,8 +186,8 @@ def engine_times(
         datamodule=dm,
         batch_size=BATCH,
         client_optimizer=functools.partial(torch.optim.SGD, lr=LR),
+        local_execution="fused" if fused else "loop",
     )
-    module.fused_local_step = "auto" if fused else False
     timer = _Timer()
     trainer = L.Trainer(
         max_steps=rounds + 1,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from hydra.utils import instantiate
 
-from fedlightning.federated.local_step import clear_grads_, sgd_step_
+from fedlightning.federated.local.steps import clear_grads_, sgd_step_
 from fedlightning.federated.module import upload_check
 from fedlightning.models import build_model
 

@@ -5,7 +5,7 @@
 S2's shape by default (``mnistfc``, 50 clients of 60 samples, batch 10, 6 SGD steps each, the
 share of one of two processes): ``loop`` trains the clients one after another with
 ``torch.optim.SGD`` (weights copied in, forward, backward, step), ``vectorised`` runs
-``fedlightning.federated.vectorised.train_stacked`` on the same batches. Random inputs (the
+``fedlightning.federated.local.vectorised.train_stacked`` on the same batches. Random inputs (the
 cost does not depend on the values); medians over ``--repeats`` interleaved repetitions.
 """
 
@@ -18,7 +18,8 @@ import time
 import torch
 from torch import nn
 
-from fedlightning.federated.vectorised import SGDSettings, plan_steps, train_stacked
+from fedlightning.federated.local.stacked_optim import StackedSGD
+from fedlightning.federated.local.vectorised import plan_steps, train_stacked
 from fedlightning.models import build_model
 
 
@@ -38,7 +39,6 @@ def main() -> None:
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
     schedules = [list(torch.randperm(n).split(args.batch)) for _ in range(k)]
     plan = plan_steps(schedules, [c * n for c in range(k)], args.batch)
-    settings = SGDSettings(lr=0.05, momentum=args.momentum)
 
     def loop() -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=args.momentum)
@@ -54,7 +54,14 @@ def main() -> None:
 
     def vectorised() -> None:
         train_stacked(
-            model=model, start=start, x=x, y=y, plan=plan, settings=settings, task="classification", max_grad_norm=None
+            model=model,
+            start=start,
+            x=x,
+            y=y,
+            plan=plan,
+            optimizer=StackedSGD(lr=0.05, momentum=args.momentum),
+            task="classification",
+            max_grad_norm=None,
         )
 
     arms = {"loop": loop, "vectorised": vectorised}

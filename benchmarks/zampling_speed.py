@@ -39,7 +39,7 @@ round one S1 round (FedAvg, batch 32, its own module and a fresh Trainer) is tim
 process, so every S5 round has an S1 round of the same moment to compare with. It prints the
 ratio per round, S5's frozen fraction of p, and the mean ratio over rounds 1–10, 11–20, ….
 ``--s5-autograd`` runs S5's client steps through autograd instead of by hand
-(``fused_local_step=false``), ``--s5-fused-adam`` gives its clients ``Adam(fused=True)``.
+(``local_execution=loop``), ``--s5-fused-adam`` gives its clients ``Adam(fused=True)``.
 
 All timings interleave the candidates within every repetition and report medians:
 
@@ -363,7 +363,7 @@ def s5_run_benchmark(
 ) -> dict[str, list[float]]:
     """S5 trained for ``rounds`` rounds in one run, an S1 round timed after each (seconds).
 
-    ``autograd``: S5's clients step through autograd (``fused_local_step=false``) instead of by
+    ``autograd``: S5's clients step through autograd (``local_execution=loop``) instead of by
     hand. ``fused_adam``: their Adam is ``torch.optim.Adam(..., fused=True)`` (one kernel per
     step; the same update up to float rounding) instead of the default implementation.
     """
@@ -376,8 +376,15 @@ def s5_run_benchmark(
     sgd = functools.partial(torch.optim.SGD, lr=0.05)  # as the command builds it: fused local steps
     s1 = FedAvg(model=mnistfc(), datamodule=dm, client_optimizer=sgd, batch_size=32)
     adam = functools.partial(torch.optim.Adam, lr=0.1, fused=True) if fused_adam else None
-    s5 = Zampling(model=mnistfc(), datamodule=dm, d=10, compression=32, batch_size=32, client_optimizer=adam)
-    s5.fused_local_step = False if autograd else "auto"
+    s5 = Zampling(
+        model=mnistfc(),
+        datamodule=dm,
+        d=10,
+        compression=32,
+        batch_size=32,
+        client_optimizer=adam,
+        local_execution="loop" if autograd else "auto",
+    )
     _one_round(s1)  # warm-up: the first S1 round pays one-time costs of the process
     interleave = _InterleavedS1(s1)
     _round_trainer(rounds, interleave).fit(s5)

@@ -85,17 +85,27 @@ def _user_errors(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise ConfigError(str(exc)) from None
 
 
-def configure_threads(threads: int | None) -> int:
-    """One intra-op thread per process unless told otherwise (measured fastest here)."""
-    if threads is not None:
+def configure_threads(threads: int | str | None) -> int:
+    """Set torch's intra-op threads per process: ``auto``, a count, or ``None`` (keep torch's).
+
+    ``auto`` takes one thread per process on a machine with at most two cores, where more
+    threads per process oversubscribe the cores (several processes, or the data loader, share
+    them), and keeps torch's default elsewhere. The choice and its reason are logged.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads == "auto":
+        if cores <= 2:
+            torch.set_num_threads(1)
+            why = f"threads=auto: one per process on a machine with {cores} core(s)"
+        else:
+            why = f"threads=auto: torch's default on a machine with {cores} cores"
+    elif threads is not None:
         torch.set_num_threads(int(threads))
+        why = f"threads={threads}"
+    else:
+        why = "threads=null: torch's setting kept"
     n = torch.get_num_threads()
-    log.info(
-        "Using %d torch thread(s) per process (threads=%s; one thread measured fastest for these "
-        "model sizes on a 2-core CPU; more threads per process oversubscribe the cores).",
-        n,
-        threads,
-    )
+    log.info("Using %d torch thread(s) per process (%s).", n, why)
     return n
 
 
@@ -198,9 +208,14 @@ def _run(
             data_name=data_name,
             token_inputs=getattr(datamodule, "token_inputs", None),  # None: a data module that does not say
         )
-    module = _build(cfg.method, "method", model=model, datamodule=datamodule, seed=int(cfg.seed))
-    module.vectorised_cohort = cfg.get("vectorised_cohort", "auto")
-    module.fused_local_step = cfg.get("fused_local_step", "auto")
+    module = _build(
+        cfg.method,
+        "method",
+        model=model,
+        datamodule=datamodule,
+        seed=int(cfg.seed),
+        local_execution=cfg.get("local_execution", "auto"),
+    )
     budget_mb = cfg.get("client_state_memory_mb")
     if budget_mb is not None:  # spill per-client state beyond the budget into the run folder
         from fedlightning.federated.state import ClientStateStore

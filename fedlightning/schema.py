@@ -87,14 +87,16 @@ class TrainSchema:
     checkpoint_every: int = field(
         default=10, metadata=_spec("checkpoint_every=10", "a checkpoint every k rounds, 0 for last.ckpt only", 0)
     )
-    threads: int | None = field(default=1, metadata=_spec("threads=1", "torch threads per process, null to keep", 1))
-    vectorised_cohort: bool | Literal["auto"] = field(
+    threads: int | Literal["auto"] | None = field(
         default="auto",
-        metadata=_spec("vectorised_cohort=auto", "train the clients at once (auto: on CUDA, where the method allows)"),
+        metadata=_spec("threads=auto", "torch threads per process", 1),
     )
-    fused_local_step: bool | Literal["auto"] = field(
+    local_execution: Literal["auto", "loop", "fused", "vectorised"] = field(
         default="auto",
-        metadata=_spec("fused_local_step=auto", "ReLU MLP steps (SGD, or Zampling's) without autograd"),
+        metadata=_spec(
+            "local_execution=auto",
+            "how clients train: loop, fused (hand-taken MLP steps), vectorised (stacked clients); auto picks per round",
+        ),
     )
     ckpt_path: str | None = field(default=None, metadata=_spec("ckpt_path=null", "a checkpoint file to resume from"))
     save_partition: bool = field(default=True, metadata=_spec("save_partition=true", "whether to write partition.json"))

@@ -55,8 +55,15 @@ SCHEMA_CASES = {
     "rounds boolean": (["rounds=true"], ["must be an integer (got true)"]),
     "rounds zero": (["rounds=0"], ["rounds", "must be at least 1 (got 0)", "e.g. rounds=50"]),
     "rounds negative": (["rounds=-5"], ["rounds", "must be at least 1 (got -5)"]),
-    "threads zero": (["threads=0"], ["threads", "must be at least 1 (got 0)", "e.g. threads=1"]),
-    "threads text": (["threads=two"], ["threads", "must be an integer or null (got 'two')", "e.g. threads=1"]),
+    "threads zero": (["threads=0"], ["threads", "must be at least 1 (got 0)", "e.g. threads=auto"]),
+    "threads text": (
+        ["threads=two"],
+        ["threads", "must be an integer or one of 'auto' or null (got 'two')", "e.g. threads=auto"],
+    ),
+    "local_execution unknown": (
+        ["local_execution=gpu"],
+        ["local_execution", "must be one of 'auto', 'loop', 'fused', 'vectorised' (got 'gpu')"],
+    ),
     "checkpoint_every negative": (["checkpoint_every=-1"], ["checkpoint_every", "at least 0", "checkpoint_every=10"]),
     "checkpoint_every fractional": (["checkpoint_every=1.5"], ["checkpoint_every", "must be an integer (got 1.5)"]),
     "eval_every zero": (["eval_every=0"], ["eval_every", "must be at least 1", "e.g. eval_every=1"]),

@@ -14,7 +14,15 @@ from fedlightning.datamodules import DigitsDataModule
 from fedlightning.datamodules.partition import DirichletPartition
 from fedlightning.errors import ConfigError
 from fedlightning.federated import module as engine
-from fedlightning.federated.fused_step import chain_refusal, fused_sgd_step_, linear_chain, plain_sgd_rates
+from fedlightning.federated.local import fused as fused_backend
+from fedlightning.federated.local.fused import (
+    SGDSettings,
+    chain_refusal,
+    fused_sgd_step_,
+    linear_chain,
+    plain_sgd_rates,
+    sgd_settings,
+)
 from fedlightning.federated.params import flat_parameters
 from fedlightning.methods import FedAvg, FedShuffle
 from fedlightning.models.linear import BinaryLogisticRegression, LogisticRegression
@@ -139,12 +147,11 @@ def test_chain_refusal_names_hooks_frozen_parameters_and_parametrised_layers() -
 
 
 def _fedavg_run(
-    fused: bool | str, monkeypatch: pytest.MonkeyPatch, method: type[engine.FederatedModule] = FedAvg, **kwargs: Any
+    backend: str, monkeypatch: pytest.MonkeyPatch, method: type[engine.FederatedModule] = FedAvg, **kwargs: Any
 ) -> tuple[torch.Tensor, float, int]:
     dm = DigitsDataModule(num_clients=8, seed=0, partition=DirichletPartition(alpha=0.3))
-    module = method(model=_mlp(), datamodule=dm, batch_size=16, **kwargs)
-    module.fused_local_step = fused  # type: ignore[assignment]
-    calls = record_calls(monkeypatch, engine, "fused_sgd_step_")
+    module = method(model=_mlp(), datamodule=dm, batch_size=16, local_execution=backend, **kwargs)
+    calls = record_calls(monkeypatch, fused_backend, "fused_sgd_step_")
     trainer = round_trainer(3, [UniformSampler(clients_per_round=5)])
     trainer.fit(module)
     return flat_parameters(module.model), float(trainer.callback_metrics["train/loss"]), len(calls)
@@ -166,9 +173,9 @@ def _fedavg_run(
 def test_fedavg_with_fused_steps_equals_fedavg_with_autograd(
     options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    autograd, loss_a, calls_a = _fedavg_run(False, monkeypatch, **options)
+    autograd, loss_a, calls_a = _fedavg_run("loop", monkeypatch, **options)
     fused, loss_f, calls_f = _fedavg_run("auto", monkeypatch, **options)
-    assert calls_a == 0 and calls_f > 0  # auto took the fused path on this MLP, false never did
+    assert calls_a == 0 and calls_f > 0  # auto took the fused backend on this MLP, loop never did
     assert not torch.equal(autograd, flat_parameters(_mlp()))
     assert torch.allclose(fused, autograd, rtol=1e-4, atol=2e-6), (fused - autograd).abs().max()
     assert loss_f == pytest.approx(loss_a, rel=1e-5)
@@ -182,7 +189,7 @@ def test_fedshuffle_clients_with_their_own_step_sizes_take_fused_steps_equal_to_
         "client_optimizer": functools.partial(torch.optim.SGD, lr=0.05),
         "local_epochs": [1, 3],  # each client's epochs drawn per round, its step size scaled to them
     }
-    autograd, loss_a, calls_a = _fedavg_run(False, monkeypatch, **options)
+    autograd, loss_a, calls_a = _fedavg_run("loop", monkeypatch, **options)
     fused, loss_f, calls_f = _fedavg_run("auto", monkeypatch, **options)
     assert calls_a == 0 and calls_f > 0
     assert torch.allclose(fused, autograd, rtol=1e-4, atol=2e-6), (fused - autograd).abs().max()
@@ -194,46 +201,43 @@ def test_auto_keeps_autograd_where_gradients_are_clipped(monkeypatch: pytest.Mon
     assert calls == 0
 
 
-def test_fused_local_step_true_refuses_a_model_it_cannot_step_before_training() -> None:
+def test_local_execution_fused_refuses_a_model_it_cannot_step_before_training() -> None:
     dm = DigitsDataModule(num_clients=4, seed=0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10))
-    module = FedAvg(model=model, datamodule=dm)
-    module.fused_local_step = True
+    module = FedAvg(model=model, datamodule=dm, local_execution="fused")
     before = flat_parameters(module.model)
     with pytest.raises(
         ConfigError,
-        match=r"fused_local_step=true cannot take FedAvg's local steps: its model cannot: "
-        r"its layer Tanh is not Flatten, Linear or ReLU; set fused_local_step=auto or false\.",
+        match=r"^local_execution=fused cannot run FedAvg's clients: its model cannot: "
+        r"its layer Tanh is not Flatten, Linear or ReLU; set local_execution=auto or loop\.$",
     ):
         round_trainer(1, []).fit(module)
     assert torch.equal(flat_parameters(module.model), before)  # refused before any round
 
 
-def test_fused_local_step_true_refuses_mixed_precision_and_auto_keeps_autograd_under_it(
+def test_local_execution_fused_refuses_mixed_precision_and_auto_keeps_autograd_under_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     dm = DigitsDataModule(num_clients=4, seed=0)
-    module = FedAvg(model=_mlp(), datamodule=dm)
-    module.fused_local_step = True
+    module = FedAvg(model=_mlp(), datamodule=dm, local_execution="fused")
     with pytest.raises(ConfigError, match=r"trainer\.precision=bf16-mixed runs the forward pass under autocast"):
         round_trainer(1, [], precision="bf16-mixed").fit(module)
-    calls = record_calls(monkeypatch, engine, "fused_sgd_step_")
+    calls = record_calls(monkeypatch, fused_backend, "fused_sgd_step_")
     module = FedAvg(model=_mlp(), datamodule=dm)
     round_trainer(1, [], precision="bf16-mixed").fit(module)
     assert calls == []
 
 
-def test_fused_local_step_true_stops_at_a_client_whose_optimiser_it_cannot_serve_and_auto_falls_back(
+def test_local_execution_fused_stops_at_a_client_whose_optimiser_it_cannot_serve_and_auto_falls_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     hook = register_optimizer_step_pre_hook(lambda *_: None)  # every step must go through step()
     try:
-        module = FedAvg(model=_mlp(), datamodule=DigitsDataModule(num_clients=4, seed=0))
-        module.fused_local_step = True
+        module = FedAvg(model=_mlp(), datamodule=DigitsDataModule(num_clients=4, seed=0), local_execution="fused")
         refusal = r"the client optimiser is not a plain torch\.optim\.SGD without step hooks"
         with pytest.raises(ConfigError, match=refusal):
             round_trainer(1, []).fit(module)
-        calls = record_calls(monkeypatch, engine, "fused_sgd_step_")
+        calls = record_calls(monkeypatch, fused_backend, "fused_sgd_step_")
         module = FedAvg(model=_mlp(), datamodule=DigitsDataModule(num_clients=4, seed=0))
         round_trainer(1, []).fit(module)
         assert calls == []
@@ -242,10 +246,16 @@ def test_fused_local_step_true_stops_at_a_client_whose_optimiser_it_cannot_serve
         hook.remove()
 
 
-def test_fused_local_step_true_with_vectorised_cohort_true_is_refused_before_training() -> None:
-    module = FedAvg(model=_mlp(), datamodule=DigitsDataModule(num_clients=4, seed=0))
-    module.fused_local_step = True
-    module.vectorised_cohort = True
-    refusal = r"vectorised_cohort=true trains the clients at once, so fused_local_step=true would fuse no step"
-    with pytest.raises(ConfigError, match=refusal):
-        round_trainer(1, []).fit(module)
+def test_local_execution_rejects_an_unknown_backend_name_in_one_sentence() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^local_execution is auto, loop, fused or vectorised \(got 'vectorized'\)\.$"
+    ):
+        FedAvg(model=_mlp(), datamodule=DigitsDataModule(num_clients=4, seed=0), local_execution="vectorized")  # type: ignore[arg-type]
+
+
+def test_only_plain_sgd_factories_are_read() -> None:
+    assert sgd_settings(functools.partial(torch.optim.SGD, lr=0.1, nesterov=True, momentum=0.9)) == SGDSettings(
+        lr=0.1, momentum=0.9, nesterov=True
+    )
+    assert sgd_settings(functools.partial(torch.optim.SGD, lr=0.1, maximize=True)) is None
+    assert sgd_settings(lambda p: torch.optim.SGD(p, lr=0.1)) is None

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from fedlightning.federated.local_step import adam_step_, clear_grads_, in_place_step, sgd_step_, steps_in_place
+from fedlightning.federated.local.steps import adam_step_, clear_grads_, in_place_step, sgd_step_, steps_in_place
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "plain": {"lr": 0.1},

@@ -1,4 +1,4 @@
-"""The vectorised cohort (stacked clients, vmap) equals the engine's sequential client loop."""
+"""The vectorised backend (stacked clients, vmap) equals the loop backend on the same batches."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from torch import nn
 from fedlightning.datamodules import DigitsDataModule
 from fedlightning.datamodules.partition import DirichletPartition
 from fedlightning.errors import ConfigError
-from fedlightning.federated import module as engine
+from fedlightning.federated.local import VectorisedRunner
+from fedlightning.federated.local import vectorised as vectorised_backend
+from fedlightning.federated.local.vectorised import plan_steps
 from fedlightning.federated.params import flat_parameters
-from fedlightning.federated.vectorised import SGDSettings, plan_steps, sgd_settings, stacked_sgd_step_
 from fedlightning.methods import FedAvg
 from fedlightning.sampling import UniformSampler
 from tests.conftest import record_calls, round_trainer
@@ -25,16 +26,17 @@ def _gn_model() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.GroupNorm(4, 16), nn.ReLU(), nn.Linear(16, 10))
 
 
-def _run(vectorised: bool, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tuple[torch.Tensor, float]:
+def _run(
+    backend: str, monkeypatch: pytest.MonkeyPatch, callbacks: tuple[Any, ...] = (), **kwargs: Any
+) -> tuple[torch.Tensor, float]:
     dm = DigitsDataModule(num_clients=8, seed=0, partition=DirichletPartition(alpha=0.3))
     assert len(set(dm.client_sizes)) > 1  # unequal clients: padded batches and steps
-    module = FedAvg(model=_gn_model(), datamodule=dm, batch_size=16, **kwargs)
-    module.vectorised_cohort = vectorised
-    calls = record_calls(monkeypatch, engine, "train_stacked")
-    trainer = round_trainer(2, [UniformSampler(clients_per_round=5)])
+    module = FedAvg(model=_gn_model(), datamodule=dm, batch_size=16, local_execution=backend, **kwargs)
+    calls = record_calls(monkeypatch, vectorised_backend, "train_stacked")
+    trainer = round_trainer(2, [UniformSampler(clients_per_round=5), *callbacks])
     trainer.fit(module)
     cohorts = [kw["plan"].index.shape[0] for _, kw in calls]
-    assert cohorts == ([5, 5] if vectorised else [])  # one stacked call per round, the whole cohort
+    assert cohorts == ([5, 5] if backend == "vectorised" else [])  # one stacked call per round, the whole cohort
     return flat_parameters(module.model), float(trainer.callback_metrics["train/loss"])
 
 
@@ -53,36 +55,19 @@ def _run(vectorised: bool, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tu
             "client_optimizer": functools.partial(torch.optim.SGD, lr=0.05, momentum=0.5, dampening=0.1),
             "local_steps": 7,
         },
+        {"client_optimizer": functools.partial(torch.optim.Adam, lr=0.01, weight_decay=1e-3), "local_epochs": 2},
+        {"client_optimizer": functools.partial(torch.optim.AdamW, lr=0.01, betas=(0.8, 0.99)), "max_grad_norm": 0.5},
     ],
-    ids=["sgd", "nesterov_decay_clip_2_epochs", "momentum_dampening_7_steps"],
+    ids=["sgd", "nesterov_decay_clip_2_epochs", "momentum_dampening_7_steps", "adam_l2_2_epochs", "adamw_clip"],
 )
-def test_vectorised_cohort_equals_the_sequential_loop_on_the_same_batches(
+def test_vectorised_backend_equals_the_loop_on_the_same_batches(
     options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sequential, loss_s = _run(False, monkeypatch, **options)
-    vectorised, loss_v = _run(True, monkeypatch, **options)
+    sequential, loss_s = _run("loop", monkeypatch, **options)
+    vectorised, loss_v = _run("vectorised", monkeypatch, **options)
     assert not torch.equal(sequential, flat_parameters(_gn_model()))  # training moved the model
     assert torch.allclose(vectorised, sequential, rtol=1e-4, atol=2e-6), (vectorised - sequential).abs().max()
     assert loss_v == pytest.approx(loss_s, rel=1e-5)
-
-
-def test_stacked_sgd_step_is_torch_sgd_and_leaves_inactive_clients_alone() -> None:
-    torch.manual_seed(1)
-    settings = SGDSettings(lr=0.1, momentum=0.9, dampening=0.2, nesterov=False, weight_decay=0.01)
-    p0, grads = torch.randn(2, 3), [torch.randn(2, 3) for _ in range(3)]
-    reference = nn.Parameter(p0[0].clone())
-    opt = torch.optim.SGD([reference], lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01)
-    p, buf = p0.clone(), None
-    for step, g in enumerate(grads):
-        reference.grad = g[0].clone()
-        opt.step()
-        active = torch.tensor([True, step == 0])  # client 1 takes one step only
-        buf = stacked_sgd_step_(p, g.clone(), buf, active=active, **vars(settings))
-    assert torch.allclose(p[0], reference.detach(), atol=1e-6)
-    one = nn.Parameter(p0[1].clone())
-    one.grad = grads[0][1].clone()
-    torch.optim.SGD([one], lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01).step()
-    assert torch.allclose(p[1], one.detach(), atol=1e-6)
 
 
 def test_padded_plan_masks_short_batches_and_missing_steps() -> None:
@@ -90,14 +75,6 @@ def test_padded_plan_masks_short_batches_and_missing_steps() -> None:
     assert plan.steps.tolist() == [2, 1]
     assert plan.active.tolist() == [[True, True], [True, False]]
     assert plan.mask.sum().item() == 6 and plan.index[1, 0, :2].tolist() == [5, 4]
-
-
-def test_only_plain_sgd_factories_are_read() -> None:
-    assert sgd_settings(functools.partial(torch.optim.SGD, lr=0.1, nesterov=True, momentum=0.9)) == SGDSettings(
-        lr=0.1, momentum=0.9, nesterov=True
-    )
-    assert sgd_settings(functools.partial(torch.optim.SGD, lr=0.1, maximize=True)) is None
-    assert sgd_settings(lambda p: torch.optim.SGD(p, lr=0.1)) is None
 
 
 class _OwnLocalWork(FedAvg):
@@ -108,17 +85,20 @@ class _OwnLocalWork(FedAvg):
 @pytest.mark.parametrize(
     ("cls", "optimizer", "reason"),
     [
-        (FedAvg, functools.partial(torch.optim.Adam, lr=0.01), "its client optimiser is not torch.optim.SGD"),
+        (
+            FedAvg,
+            functools.partial(torch.optim.Adam, lr=0.01, amsgrad=True),
+            r"method\.client_optimizer torch\.optim\.Adam\(lr=0\.01, amsgrad=True\) turns on amsgrad",
+        ),
         (_OwnLocalWork, functools.partial(torch.optim.SGD, lr=0.1), r"its local work is its own \(local_loss\)"),
     ],
 )
-def test_forcing_the_vectorised_cohort_on_a_method_it_cannot_serve_is_refused(
+def test_local_execution_vectorised_on_a_method_it_cannot_serve_is_refused_before_training(
     cls: type[FedAvg], optimizer: Any, reason: str
 ) -> None:
     dm = DigitsDataModule(num_clients=3, seed=0)
-    module = cls(model=_gn_model(), datamodule=dm, client_optimizer=optimizer)
-    module.vectorised_cohort = True
-    with pytest.raises(ConfigError, match=rf"vectorised_cohort=true cannot train .*: {reason}"):
+    module = cls(model=_gn_model(), datamodule=dm, client_optimizer=optimizer, local_execution="vectorised")
+    with pytest.raises(ConfigError, match=rf"^local_execution=vectorised cannot run .*'s clients: {reason}"):
         round_trainer(1, []).fit(module)
 
 
@@ -127,33 +107,40 @@ def test_config_key_runs_the_default_job_vectorised_as_the_loop(make_config: Any
     from fedlightning.run import run
 
     base = ["rounds=2", "checkpoint_every=0"]
-    loop = run(make_config([*base, "vectorised_cohort=false"]), tmp_path / "loop")
-    stacked = run(make_config([*base, "vectorised_cohort=true"]), tmp_path / "stacked")  # Hydra's SGD partial
+    loop = run(make_config([*base, "local_execution=loop"]), tmp_path / "loop")
+    stacked = run(make_config([*base, "local_execution=vectorised"]), tmp_path / "stacked")  # Hydra's SGD partial
     assert stacked["test/acc"] == pytest.approx(loop["test/acc"], abs=1 / 300)  # at most one flipped prediction
     a, b = (torch.load(tmp_path / d / "checkpoints" / "last.ckpt")["state_dict"] for d in ("loop", "stacked"))
     for name in a:
         assert torch.allclose(a[name], b[name], rtol=1e-4, atol=2e-6), name
 
 
-def test_config_refuses_a_forced_vectorised_cohort_before_training(make_config: Any, tmp_path: Any) -> None:
+def test_config_refuses_a_named_backend_that_cannot_serve_before_training(make_config: Any, tmp_path: Any) -> None:
     from fedlightning.run import run
 
-    with pytest.raises(ConfigError, match=r"vectorised_cohort=true cannot train FedShuffle's clients: its local work"):
-        run(make_config(["rounds=1", "method=fedshuffle", "vectorised_cohort=true"]), tmp_path / "run")
-    with pytest.raises(ConfigError, match=r"vectorised_cohort .* must be"):
-        run(make_config(["rounds=1", "vectorised_cohort=sometimes"]), tmp_path / "typo")
+    with pytest.raises(
+        ConfigError, match=r"local_execution=vectorised cannot run FedShuffle's clients: its local work"
+    ):
+        run(make_config(["rounds=1", "method=fedshuffle", "local_execution=vectorised"]), tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"local_execution .* must be"):
+        run(make_config(["rounds=1", "local_execution=sometimes"]), tmp_path / "typo")
 
 
-def test_forcing_the_vectorised_cohort_with_stragglers_is_refused() -> None:
+def test_vectorised_backend_with_stragglers_equals_the_loop_with_the_same_step_budgets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from fedlightning.federated.failures import ClientFailures
 
-    dm = DigitsDataModule(num_clients=3, seed=0)
-    module = FedAvg(model=_gn_model(), datamodule=dm, client_optimizer=functools.partial(torch.optim.SGD, lr=0.1))
-    module.vectorised_cohort = True
-    with pytest.raises(
-        ConfigError, match=r"cannot train FedAvg's clients: ClientFailures cut\(s\) clients' local steps"
-    ):
-        round_trainer(1, [ClientFailures(straggler_probability=0.5)]).fit(module)
+    def stragglers() -> ClientFailures:
+        return ClientFailures(straggler_probability=0.6, straggler_fraction=0.5)
+
+    options = {"client_optimizer": functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9), "local_epochs": 2}
+    sequential, loss_s = _run("loop", monkeypatch, (stragglers(),), **options)
+    vectorised, loss_v = _run("vectorised", monkeypatch, (stragglers(),), **options)
+    full, _ = _run("loop", monkeypatch, **options)
+    assert not torch.allclose(sequential, full, rtol=1e-4, atol=2e-6)  # the budgets cut steps
+    assert torch.allclose(vectorised, sequential, rtol=1e-4, atol=2e-6), (vectorised - sequential).abs().max()
+    assert loss_v == pytest.approx(loss_s, rel=1e-5)
 
 
 def test_client_failures_without_stragglers_keep_the_vectorised_cohort_and_ask_no_step_budget(
@@ -173,7 +160,7 @@ def test_client_failures_without_stragglers_keep_the_vectorised_cohort_and_ask_n
     module = FedAvg(model=_gn_model(), datamodule=dm, client_optimizer=functools.partial(torch.optim.SGD, lr=0.1))
     trainer = round_trainer(1, [ClientFailures(dropout=0.5)])
     trainer.fit(module)
-    assert module.vectorised_refusal() is None  # drop-outs alone do not touch local steps
+    assert VectorisedRunner().refusal(module) is None  # drop-outs alone do not touch local steps
     assert asked == []
     round_trainer(1, [ClientFailures(straggler_probability=1.0, straggler_fraction=0.5)]).fit(module)
     assert sorted(asked) == [0, 1, 2]  # asked once per client when stragglers are on

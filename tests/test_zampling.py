@@ -18,8 +18,9 @@ from fedlightning.compression.codecs import BitPackCodec
 from fedlightning.compression.operators import Sign
 from fedlightning.datamodules import DigitsDataModule
 from fedlightning.errors import ConfigError, MessageDecodeError
-from fedlightning.federated.fused_step import linear_chain
 from fedlightning.federated.hooks import FederatedCallback
+from fedlightning.federated.local import FusedRunner
+from fedlightning.federated.local.fused import linear_chain
 from fedlightning.federated.message import Message
 from fedlightning.federated.payloads import Payload
 from fedlightning.methods.zampling import (
@@ -1063,26 +1064,25 @@ def test_draw_weights_refuses_a_probability_that_is_nan_or_outside_0_1(bad: floa
 def test_zampling_runs_take_hand_steps_that_equal_autograd_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     dm = digits_federation(3)
     finals = {}
-    for fused in (False, "auto"):
-        module = _zampling(dm, compression=8, local_steps=5)
-        module.fused_local_step = fused  # type: ignore[assignment]
+    for backend in ("loop", "auto"):
+        module = _zampling(dm, compression=8, local_steps=5, local_execution=backend)
         calls = record_calls(monkeypatch, SampledNetwork, "fused_gradient_")
         _fit(module, 3)
-        assert len(calls) == (3 * 3 * 5 if fused == "auto" else 0)  # 3 rounds x 3 clients x 5 steps by hand
-        finals[fused] = module.p.detach().clone()
-    assert torch.equal(finals["auto"], finals[False])  # the same masks drawn, so the same means of bits
+        assert len(calls) == (3 * 3 * 5 if backend == "auto" else 0)  # 3 rounds x 3 clients x 5 steps by hand
+        assert module.local_runner.name == ("fused" if backend == "auto" else "loop")
+        finals[backend] = module.p.detach().clone()
+    assert torch.equal(finals["auto"], finals["loop"])  # the same masks drawn, so the same means of bits
 
 
-def test_fused_local_step_true_names_why_zampling_cannot_take_its_steps_by_hand() -> None:
+def test_local_execution_fused_names_why_zampling_cannot_take_its_steps_by_hand() -> None:
     from fedlightning.models.cnn import SmallCNN
 
     dm = digits_federation(2)
     model = SmallCNN(input_shape=(1, 8, 8), num_classes=10)
-    cnn = Zampling(model=model, datamodule=dm, compression=4, local_steps=1)
-    cnn.fused_local_step = True  # type: ignore[assignment]
-    with pytest.raises(ConfigError, match=r"^fused_local_step=true cannot take .*its model cannot: SmallCNN is not"):
+    cnn = Zampling(model=model, datamodule=dm, compression=4, local_steps=1, local_execution="fused")
+    with pytest.raises(ConfigError, match=r"^local_execution=fused cannot run .*its model cannot: SmallCNN is not"):
         _fit(cnn, 1)
     counting = _zampling(dm, _Counting)
-    assert counting.fused_step_refusal() == (
+    assert FusedRunner().refusal(counting) == (
         "its local work is its own (local_loss, on_local_step_end), not the engine's cross-entropy steps"
     )

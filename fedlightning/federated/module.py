@@ -7,8 +7,10 @@ The engine owns the round and runs it as named phases (callback hooks in
 2. **downlink**: :meth:`~FederatedModule.broadcast_state` is encoded once by the downlink
    channel, or per client where :meth:`~FederatedModule.client_downlink` gives a client its
    own message; each client's message is observed (and counted) separately;
-3. **local work**: :meth:`~FederatedModule.client_update` on each client of this process's
-   share, usually through the one local-training routine :meth:`~FederatedModule.local_train`;
+3. **local work**: this process's share of the cohort is trained by the round's client runner
+   (:mod:`fedlightning.federated.local`, chosen once per round by ``local_execution``): one
+   client at a time through :meth:`~FederatedModule.client_update` and the one local-training
+   routine :meth:`~FederatedModule.local_train`, or the whole share at once;
 4. **choose** uploaders after local work (samplers with ``chooses_uploaders``);
 5. **uplink**: each upload is encoded by the uplink channel, or dropped;
 6. **accumulate** each decoded upload into the method's aggregator
@@ -34,12 +36,7 @@ the number of processes.
 
 Clients train one reused model hidden from the module registry, so it is not checkpointed,
 not wrapped by DDP and never aliases the global weights; local steps use plain
-``torch.optim`` and ``loss.backward()`` (a plain ``torch.optim.SGD`` or ``torch.optim.Adam``
-steps through :func:`~fedlightning.federated.local_step.sgd_step_` or
-:func:`~fedlightning.federated.local_step.adam_step_`, the same update without the per-call
-wrappers), except that a ReLU network under the engine's cross-entropy and SGD takes each step
-through :func:`~fedlightning.federated.fused_step.fused_sgd_step_`, forward, backward and update
-by hand (:attr:`~FederatedModule.fused_local_step`). The server optimiser is the one Lightning
+``torch.optim`` (:mod:`fedlightning.federated.local`). The server optimiser is the one Lightning
 optimiser, so ``global_step`` counts rounds (methods that set their state get :class:`RoundClock`).
 """
 
@@ -71,13 +68,23 @@ from fedlightning.compression.codecs import Float32Codec
 from fedlightning.cuda_check import drop_unusable_nvml_check
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import ESTIMATORS, Aggregator, Estimator, WeightedMean
-from fedlightning.federated.batches import gathered_batches, local_batches
+from fedlightning.federated.batches import local_batches
 from fedlightning.federated.channel import Channel, DownlinkChannel
 from fedlightning.federated.cohort import Cohort, deal_by_load
 from fedlightning.federated.divergence import DivergenceError, DivergencePolicy, exploded
-from fedlightning.federated.fused_step import chain_refusal, fused_sgd_step_, linear_chain, plain_sgd_rates
 from fedlightning.federated.hooks import ClientSampler, Direction, FederatedCallback, UploadChoice, Verdict
-from fedlightning.federated.local_step import clear_grads_, in_place_step, sgd_step_
+from fedlightning.federated.local import (
+    ClientResult,
+    ClientRunner,
+    LocalExecution,
+    LocalProgram,
+    LocalTraining,
+    LoopRunner,
+    check_local_execution,
+    choose_runner,
+    own_local_work,
+    resolved_optimizer_factory,
+)
 from fedlightning.federated.message import Message
 from fedlightning.federated.metric_sync import sum_states_across_processes
 from fedlightning.federated.params import assign_flat_, flat_difference, flat_parameters, num_parameters, set_flat_grad_
@@ -85,10 +92,21 @@ from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER, torch_generator
 from fedlightning.federated.round_row import log_round_row
 from fedlightning.federated.state import ClientStateStore
-from fedlightning.federated.vectorised import plan_steps, sgd_settings, train_stacked
 
 if TYPE_CHECKING:
     from fedlightning.datamodules.base import FederatedDataModule
+
+__all__ = [
+    "ClientResult",
+    "FederatedModule",
+    "LocalTraining",
+    "OptimizerFactory",
+    "ParamsT",
+    "RoundClock",
+    "own_local_work",
+    "resolved_optimizer_factory",
+    "upload_check",
+]
 
 log = logging.getLogger(__name__)
 
@@ -103,35 +121,6 @@ ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
 # the clients that trained and were not quarantined, quarantined clients, the sum and count of
 # first-step losses (the loss at the start, measured once), then the client metric sums.
 _LOSS, _TRAINED, _QUARANTINED, _START_SUM, _START_COUNT, _METRICS = range(6)
-
-
-@dataclass
-class ClientResult:
-    """What local work produced on one client, before encoding.
-
-    Attributes:
-        upload: the payload to send (of the method's ``uplink_payload`` kind).
-        num_samples: the client's sample count (its FedAvg weight).
-        loss: mean local training loss.
-        metrics: per-client diagnostics, averaged over the round's uploaders and logged
-            under these names (keys must be those of ``client_metric_names``).
-    """
-
-    upload: Tensor
-    num_samples: int
-    loss: Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class LocalTraining:
-    """What :meth:`FederatedModule.local_train` did: mean loss, steps, samples and the optimiser."""
-
-    loss: Tensor
-    steps: int
-    num_samples: int
-    optimizer: torch.optim.Optimizer
-    epochs: int = 0  # whole passes over the client's data (0 with ``local_steps``)
 
 
 @dataclass
@@ -165,52 +154,6 @@ def upload_check(loss: Tensor, upload: Tensor) -> tuple[float, float]:
     pair = torch.stack([loss.detach().reshape(()).float(), upload.detach().sum().float()])
     first, second = pair.tolist()
     return float(first), float(second)
-
-
-def resolved_optimizer_factory(factory: OptimizerFactory, model: nn.Module) -> OptimizerFactory | None:
-    """``factory`` as a plain ``functools.partial`` of its optimiser class, for one round's clients.
-
-    A Hydra ``_partial_`` node is a ``functools.partial`` subclass that re-runs Hydra's target
-    checks on every call (milliseconds per client). When it wraps a ``torch.optim.Optimizer``
-    subclass, it is called once here through Hydra on ``model``'s parameters (so the checks run
-    each round on the same target and arguments) and the same class and arguments are then
-    called directly. For any other factory the answer is ``None``: call it as it is.
-    """
-    if not isinstance(factory, functools.partial) or type(factory) is functools.partial:
-        return None
-    target: Any = factory.func
-    if not (isinstance(target, type) and issubclass(target, torch.optim.Optimizer)):
-        return None
-    try:
-        probe = factory(model.parameters())
-    except Exception:  # e.g. a factory for other parameters: called as it is, it reports itself
-        return None
-    if type(probe) is not target:
-        return None
-    optimizer_class: type[torch.optim.Optimizer] = target
-    return functools.partial(optimizer_class, *factory.args, **factory.keywords)
-
-
-def own_local_work(cls: type, base: type, hooks: tuple[str, ...], engine_work: str) -> str | None:
-    """Why ``cls`` does not run ``engine_work``: the ``hooks`` it defines otherwise than ``base`` (``None``: none).
-
-    >>> class Own(FederatedModule):
-    ...     def local_loss(self, model, x, y): ...
-    >>> own_local_work(Own, FederatedModule, ("client_update", "local_loss"), "the engine's local SGD")
-    "its local work is its own (local_loss), not the engine's local SGD"
-    """
-    own = [h for h in hooks if getattr(cls, h) is not getattr(base, h)]
-    return f"its local work is its own ({', '.join(own)}), not {engine_work}" if own else None
-
-
-def _check_switch(key: str, value: object, refusal: Callable[[], str | None], action: str) -> None:
-    """Refuse ``key=true`` where ``refusal()`` names a reason, and any value but auto, true or false."""
-    if value is True:
-        reason = refusal()
-        if reason is not None:
-            raise ConfigError(f"{key}=true cannot {action}: {reason}; set {key}=auto or false.")
-    elif value not in (False, "auto"):
-        raise ConfigError(f"{key} is auto, true or false (got {value!r}).")
 
 
 class RoundClock(torch.optim.Optimizer):
@@ -263,6 +206,8 @@ class FederatedModule(L.LightningModule):
         aggregation: ``"normalised"`` (Σ w_i Δ_i / Σ w_i over the uploaders) or ``"unbiased"``
             (Σ (w_i/p_i) Δ_i with the inclusion probabilities p_i), see
             :mod:`fedlightning.federated.aggregators`.
+        local_execution: the backend that runs the clients' local work, ``auto``, ``loop``,
+            ``fused`` or ``vectorised`` (:mod:`fedlightning.federated.local`).
     """
 
     uplink_payload: ClassVar[Payload] = Payload.MODEL_DELTA
@@ -283,6 +228,12 @@ class FederatedModule(L.LightningModule):
     client_metric_names: tuple[str, ...] = ()
     """Names of the per-client diagnostics in :attr:`ClientResult.metrics` (logged as round means);
     a method may set them per instance, before training."""
+    local_work_hooks: ClassVar[tuple[str, ...]] = ("client_update", "local_train", "local_loss", "on_local_step_end")
+    """The hooks that make up a client's local work: a backend that serves a class's local work
+    serves a subclass that overrides none of them."""
+    hand_stepped: ClassVar[bool] = False
+    """True: the method's clients take their steps by hand on the ``fused`` backend's layers
+    (:attr:`ClientRunner.layers`) when it runs, with any client optimiser."""
 
     def __init__(
         self,
@@ -297,6 +248,7 @@ class FederatedModule(L.LightningModule):
         batch_size: int = 32,
         max_grad_norm: float | None = None,
         aggregation: Estimator = "normalised",
+        local_execution: LocalExecution = "auto",
     ) -> None:
         super().__init__()
         name = type(self).__name__
@@ -332,6 +284,10 @@ class FederatedModule(L.LightningModule):
         self.batch_size = batch_size
         self.max_grad_norm = max_grad_norm
         self.aggregation: Estimator = aggregation
+        self.local_execution: LocalExecution = check_local_execution(local_execution)
+        self.local_runner: ClientRunner = LoopRunner()
+        """The backend running this round's local work (chosen at the start of each round)."""
+        self._runner_choice: tuple[str, str] | None = None  # the last (backend, reason) logged
         self._sample_total: int | None = None
         self._round_cohort: Cohort | None = None
         self._phase_probability: dict[int, float] = {}
@@ -344,15 +300,6 @@ class FederatedModule(L.LightningModule):
         self._budget_callbacks: list[FederatedCallback] = []
         self._round_optimizer: OptimizerFactory | None = None  # client_optimizer, resolved for the round
         self._froze_gc = False  # on_train_start froze the collector's objects (undone on_train_end)
-        self.vectorised_cohort: bool | Literal["auto"] = "auto"
-        """Train a share's clients at once (:mod:`fedlightning.federated.vectorised`): ``True``,
-        ``False`` or ``"auto"`` (on CUDA devices, for the methods it serves; set by the
-        ``vectorised_cohort`` config key)."""
-        self.fused_local_step: bool | Literal["auto"] = "auto"
-        """Take each local step of a ReLU network by hand (:mod:`fedlightning.federated.fused_step`):
-        ``True``, ``False`` or ``"auto"`` (wherever :meth:`fused_step_refusal` allows; set by the
-        ``fused_local_step`` config key)."""
-        self._round_chain: list[nn.Linear] | None = None  # the fused step's layers for this round
         self.uplink_channel = Channel(
             direction="uplink", payload=self.uplink_payload, codec=Float32Codec(), method=name
         )
@@ -412,6 +359,29 @@ class FederatedModule(L.LightningModule):
     def generator(self, round_idx: int, client_id: int, purpose: str) -> torch.Generator:
         """The CPU generator of stream (run seed, round, client, purpose)."""
         return torch_generator(seed=self.seed, round_idx=round_idx, client_id=client_id, purpose=purpose)
+
+    @property
+    def round_client_optimizer(self) -> OptimizerFactory:
+        """The client optimiser factory of the round in progress (resolved once per round), else the configured one."""
+        return self._round_optimizer or self.client_optimizer
+
+    def record_start_losses(self, losses: Tensor) -> None:
+        """Clients' first-step losses (the received model's loss), counted where the run measures its start."""
+        if self._start_acc is not None:
+            self._start_acc[0] += losses.sum().to(self._start_acc)
+            self._start_acc[1] += losses.numel()
+
+    @property
+    def cuts_local_steps(self) -> bool:
+        """Whether a callback may cut clients' local steps this round (:meth:`local_step_budget`)."""
+        return bool(self._budget_callbacks)
+
+    def local_step_budget(self, *, client_id: int, round_idx: int, planned: int) -> int:
+        """How many of its ``planned`` local steps this client takes: the smallest callback budget."""
+        budgets = [
+            cb.local_step_budget(self.trainer, self, round_idx, client_id, planned) for cb in self._budget_callbacks
+        ]
+        return min([planned, *(b for b in budgets if b is not None)])
 
     @property
     def attached_trainer(self) -> L.Trainer | None:
@@ -563,7 +533,6 @@ class FederatedModule(L.LightningModule):
             params=model.parameters(),
             batch_loss=lambda x, y: self.local_loss(model, x, y),
             after_step=lambda: self.on_local_step_end(model),
-            fused_chain=self._round_chain,
         )
         upload = flat_difference(model, received)  # w_k − w, one pass per parameter
         return ClientResult(upload=upload, num_samples=done.num_samples, loss=done.loss)
@@ -578,10 +547,9 @@ class FederatedModule(L.LightningModule):
         batch_loss: Callable[[Tensor, Tensor], Tensor],
         after_step: Callable[[], None] | None = None,
         after_epoch: Callable[[int], bool] | None = None,
-        fused_chain: list[nn.Linear] | None = None,
         writes_gradients: bool = False,
     ) -> LocalTraining:
-        """Local mini-batch training of ``params`` on one client's data, in place.
+        """Local mini-batch training of ``params`` on one client's data, in place, by the round's runner.
 
         Runs ``local_epochs`` (or ``local_steps``) steps with the optimiser of
         :meth:`make_client_optimizer`: batches and augmentation from the client's own streams,
@@ -589,97 +557,20 @@ class FederatedModule(L.LightningModule):
         ``loss.backward()``, clipping to ``max_grad_norm``, the optimiser step, then
         ``after_step()``. ``after_epoch(epochs_done)`` is called after each whole pass over
         the data (``local_epochs`` mode only) and ends local training by returning true
-        (client-side early stopping; ``local_epochs`` is then the cap).
-
-        ``fused_chain`` (the Linear layers of ``params``' model, given only when ``batch_loss``
-        is the engine's cross-entropy on that model) replaces the loss, backward and plain-SGD
-        step by :func:`~fedlightning.federated.fused_step.fused_sgd_step_`. With
+        (client-side early stopping; ``local_epochs`` is then the cap). With
         ``writes_gradients``, ``batch_loss`` writes every trained parameter's gradient itself
         (a step taken by hand, e.g. :meth:`fedlightning.methods.zampling.SampledNetwork.fused_gradient_`)
-        and returns the loss: no backward pass is run.
+        and returns the loss: no backward pass is run. The ``fused`` backend takes the engine's
+        own cross-entropy steps by hand (:mod:`fedlightning.federated.local.fused`).
         """
-        if after_epoch is not None and self.local_steps is not None:
-            raise ConfigError(
-                "Client-side early stopping counts local epochs; set method.local_steps=null and cap the "
-                "epochs with method.local_epochs."
-            )
-        optimizer = self.make_client_optimizer(params, client_id=client_id, round_idx=round_idx)
-        trained = [p for group in optimizer.param_groups for p in group["params"]]
-        step_in_place = in_place_step(optimizer)  # plain SGD or Adam: the same update without step()'s wrappers
-        chain = self._client_chain(fused_chain, optimizer, trained, in_place=step_in_place is sgd_step_)
-        rates = plain_sgd_rates(optimizer, chain) if chain is not None else None
-        x, y = self.client_data(client_id)
-        augment_gen = self.generator(round_idx, client_id, "augment")
-        loss_sum = torch.zeros((), device=self.device)
-        steps = 0
-        per_epoch = math.ceil(len(y) / self.batch_size) if self.local_steps is None else 0
-        batches = self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y))
-        if self._budget_callbacks:  # e.g. stragglers: at most a budget of the planned steps
-            planned = list(batches)
-            budgets = [
-                cb.local_step_budget(self.trainer, self, round_idx, client_id, len(planned))
-                for cb in self._budget_callbacks
-            ]
-            batches = planned[: min([len(planned), *(b for b in budgets if b is not None)])]
-        for x_batch, y_batch in gathered_batches(x, y, batches):
-            if chain is None:  # (the fused step assigns every gradient it needs, or writes none)
-                clear_grads_(trained)
-            batch = self.datamodule.augment(x_batch, augment_gen), y_batch
-            # the fused step: forward, backward and, for plain SGD (rates), the update in one pass
-            loss = batch_loss(*batch) if chain is None else fused_sgd_step_(chain, *batch, rates=rates)
-            if steps == 0 and self._start_acc is not None:  # the loss of the received model
-                self._start_acc[0] += loss.detach().to(self._start_acc)
-                self._start_acc[1] += 1
-            if chain is None:
-                if not writes_gradients:
-                    loss.backward()
-                if self.max_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(trained, self.max_grad_norm)
-            if rates is None:  # (with rates, the fused step has already updated the weights)
-                if step_in_place is not None:
-                    step_in_place(optimizer)
-                else:
-                    optimizer.step()
-            if after_step is not None:
-                after_step()
-            loss_sum += loss.detach()
-            steps += 1
-            if after_epoch is not None and steps % per_epoch == 0 and after_epoch(steps // per_epoch):
-                break
-        return LocalTraining(
-            loss=loss_sum / max(steps, 1),
-            steps=steps,
-            num_samples=len(y),
-            optimizer=optimizer,
-            epochs=steps // per_epoch if per_epoch else 0,
+        program = LocalProgram(
+            params=params,
+            batch_loss=batch_loss,
+            after_step=after_step,
+            after_epoch=after_epoch,
+            writes_gradients=writes_gradients,
         )
-
-    def _client_chain(
-        self,
-        chain: list[nn.Linear] | None,
-        optimizer: torch.optim.Optimizer,
-        trained: list[Tensor],
-        *,
-        in_place: bool,
-    ) -> list[nn.Linear] | None:
-        """``chain`` where this client's optimiser lets the fused step train it, else ``None``.
-
-        With ``fused_local_step=true`` a client it cannot serve stops the run instead.
-        """
-        if chain is None:
-            return None
-        if not in_place:
-            why = "the client optimiser is not a plain torch.optim.SGD without step hooks"
-        elif {id(p) for p in trained} != {id(p) for layer in chain for p in layer.parameters()}:
-            why = "the client optimiser does not train exactly the model's parameters"
-        else:
-            return chain
-        if self.fused_local_step is True:
-            raise ConfigError(
-                f"fused_local_step=true cannot take {type(self).__name__}'s local steps: {why}; "
-                "set fused_local_step=auto or false."
-            )
-        return None
+        return self.local_runner.train(self, client_id=client_id, round_idx=round_idx, program=program)
 
     # ------------------------------------------------------------------ helpers for methods
     def client_data(self, client_id: int) -> tuple[Tensor, Tensor]:
@@ -735,7 +626,7 @@ class FederatedModule(L.LightningModule):
             cb.on_round_start(self.trainer, self, rnd.round_idx)
         self._budget_callbacks = [cb for cb in rnd.callbacks if cb.cuts_local_steps]
         self._round_optimizer = resolved_optimizer_factory(self.client_optimizer, self.client_model)
-        self._round_chain = linear_chain(self.client_model) if self._fuse() else None
+        self._begin_local_execution()
         self._select(rnd)
         broadcast_state, broadcast = self._broadcast(rnd)
         may_repeat = any(cb.repeats_rounds for cb in rnd.callbacks)
@@ -752,7 +643,6 @@ class FederatedModule(L.LightningModule):
             for cb in rnd.callbacks:
                 cb.on_aggregate(self.trainer, self, rnd.round_idx, rnd.aggregator)
         self._round_optimizer = None
-        self._round_chain = None
         self._server_step(rnd, apply=verdict == "apply")
         self.client_state.enforce_budget()  # between rounds: no method holds a client's state now
         self._log_round(rnd, time.perf_counter() - started)
@@ -769,14 +659,13 @@ class FederatedModule(L.LightningModule):
         measure_start = self._start_loss is None and rnd.round_idx == 0  # the initial model's loss
         self._start_acc = torch.zeros(2, dtype=torch.float64, device=self.device) if measure_start else None
         buffered: list[tuple[int, ClientResult]] = []
-        share = self.share_of(rnd.cohort)
-        stacked = self._vectorised_updates(rnd, share, broadcast_state, broadcast) if self._vectorise() else None
-        for client_id in share:
-            if stacked is None:
-                received = self._client_downlink(rnd, client_id, broadcast_state, broadcast)
-                result = self.client_update(client_id=client_id, round_idx=rnd.round_idx, received=received)
-            else:
-                result = stacked[client_id]
+        results = self.local_runner.train_share(
+            self,
+            round_idx=rnd.round_idx,
+            share=self.share_of(rnd.cohort),
+            receive=lambda cid: self._client_downlink(rnd, cid, broadcast_state, broadcast),
+        )
+        for client_id, result in results:
             loss, total = upload_check(result.loss, result.upload)
             if not (math.isfinite(loss) and math.isfinite(total)):
                 self._quarantine(rnd, client_id, loss)  # never reaches the aggregator
@@ -795,120 +684,14 @@ class FederatedModule(L.LightningModule):
         rnd.stats = rnd.aggregator.all_reduce(self.reduce_sum, alongside=rnd.stats)  # one collective
         self._check_attempt(rnd)
 
-    # ------------------------------------------------------------------ the vectorised cohort
-    def vectorised_refusal(self) -> str | None:
-        """Why :mod:`fedlightning.federated.vectorised` cannot train this module's clients (``None``: it can)."""
-        if self.per_client_downlink:
-            return "each client receives its own message (per_client_downlink)"
-        hooks = ("client_update", "local_train", "local_loss", "make_client_optimizer", "client_batches")
-        own = own_local_work(type(self), FederatedModule, (*hooks, "on_local_step_end"), "the engine's local SGD")
-        if own:
-            return own
-        from fedlightning.datamodules.base import FederatedDataModule
-
-        dm = type(self.datamodule)
-        if isinstance(self.datamodule, FederatedDataModule) and dm.augment is not FederatedDataModule.augment:
-            return f"{dm.__name__} augments each batch randomly"
-        factory = resolved_optimizer_factory(self.client_optimizer, self.client_model) or self.client_optimizer
-        if sgd_settings(factory) is None:
-            return "its client optimiser is not torch.optim.SGD (method.client_optimizer)"
-        if self.attached_trainer is not None:
-            budgets = [type(cb).__name__ for cb in self.federated_callbacks() if cb.cuts_local_steps]
-            if budgets:
-                return f"{', '.join(budgets)} cut(s) clients' local steps"
-        return None
-
-    def _vectorise(self) -> bool:
-        """Whether this round's share is trained by the vectorised cohort."""
-        if self.vectorised_cohort is False:
-            return False
-        if self.vectorised_cohort == "auto" and (self.device.type != "cuda" or self.fused_local_step is True):
-            return False  # on a CPU the loop is as fast; fused_local_step=true asks for the loop's fused steps
-        return self.vectorised_refusal() is None
-
-    def fused_step_refusal(self) -> str | None:
-        """Why :mod:`fedlightning.federated.fused_step` cannot take this module's local steps (``None``: it can)."""
-        hooks = ("client_update", "local_train", "local_loss", "on_local_step_end")
-        own = own_local_work(type(self), FederatedModule, hooks, "the engine's cross-entropy steps")
-        if own:
-            return own
-        if self.max_grad_norm is not None:
-            return "method.max_grad_norm clips each gradient"
-        factory = self._round_optimizer  # resolved once per round (in training_step)
-        if factory is None:
-            factory = resolved_optimizer_factory(self.client_optimizer, self.client_model) or self.client_optimizer
-        if sgd_settings(factory) is None:
-            return "its client optimiser is not torch.optim.SGD (method.client_optimizer)"
-        return self.chain_step_refusal()
-
-    def chain_step_refusal(self) -> str | None:
-        """Why the client model's cross-entropy steps cannot be taken by hand, whatever updates it (``None``: they can).
-
-        The part of :meth:`fused_step_refusal` about the loss, the precision and the model's layers.
-        """
-        loss = self.loss_fn
-        plain = type(loss) is nn.CrossEntropyLoss and loss.weight is None and loss.reduction == "mean"
-        if not plain or loss.label_smoothing:
-            return "its loss is not the plain cross-entropy"
-        trainer = self.attached_trainer
-        precision = str(getattr(trainer, "precision", "32-true")) if trainer is not None else "32-true"
-        if "mixed" in precision:
-            return f"trainer.precision={precision} runs the forward pass under autocast"
-        reason = chain_refusal(self.client_model)
-        return None if reason is None else f"its model cannot: {reason}"
-
-    def _fuse(self) -> bool:
-        """Whether this round's local steps are fused (never under autocast, whose casts it would skip)."""
-        if self.fused_local_step is False or torch.is_autocast_enabled(self.device.type):
-            return False
-        return self.fused_step_refusal() is None
-
-    def _vectorised_updates(
-        self, rnd: _Round, share: list[int], state: Tensor, broadcast: Message
-    ) -> dict[int, ClientResult]:
-        """Phase *local work* for the whole share at once (the same results as :meth:`client_update`)."""
-        received = rnd.received_broadcast
-        for client_id in share:
-            received = self._client_downlink(rnd, client_id, state, broadcast)
-        if not share:
-            return {}
-        model = self.client_model
-        named = dict(model.named_parameters())
-        pieces = torch.split(received, [p.numel() for p in named.values()])
-        start = {n: piece.reshape(p.shape) for (n, p), piece in zip(named.items(), pieces, strict=True)}
-        xs, ys, offsets, schedules = [], [], [], []
-        total = 0
-        for client_id in share:
-            x, y = self.client_data(client_id)
-            batches = self.client_batches(client_id=client_id, round_idx=rnd.round_idx, num_samples=len(y))
-            xs.append(x)
-            ys.append(y)
-            offsets.append(total)
-            schedules.append(list(batches))
-            total += len(y)
-        x_all = self.datamodule.transform(torch.cat(xs)) if hasattr(self.datamodule, "transform") else torch.cat(xs)
-        factory = self._round_optimizer or self.client_optimizer
-        settings = sgd_settings(factory)
-        assert settings is not None
-        final, first_loss, mean_loss = train_stacked(
-            model=model,
-            start=start,
-            x=x_all,
-            y=torch.cat(ys),
-            plan=plan_steps(schedules, offsets, self.batch_size),
-            settings=settings,
-            task=self.task,
-            max_grad_norm=self.max_grad_norm,
-        )
-        uploads = torch.cat([final[n].reshape(len(share), -1) for n in named], dim=1) - received
-        if self._start_acc is not None:  # the received model's loss on each client's first batch
-            took = torch.tensor([len(b) > 0 for b in schedules], device=first_loss.device)
-            self._start_acc[0] += first_loss[took].sum().to(self._start_acc)
-            self._start_acc[1] += int(took.sum())
-        return {
-            cid: ClientResult(upload=uploads[k], num_samples=len(ys[k]), loss=mean_loss[k])
-            for k, cid in enumerate(share)
-        }
+    def _begin_local_execution(self) -> None:
+        """Choose this round's client runner (``local_execution``) and log the choice when it changes."""
+        runner, reason = choose_runner(self, self.local_execution)
+        runner.begin_round(self)
+        self.local_runner = runner
+        if (runner.name, reason) != self._runner_choice and self.process_rank == 0:
+            log.info("Local execution: %s (%s).", runner.name, reason)
+        self._runner_choice = (runner.name, reason)
 
     def _quarantine(self, rnd: _Round, client_id: int, loss: float) -> None:
         rnd.stats[_QUARANTINED] += 1
@@ -1207,14 +990,8 @@ class FederatedModule(L.LightningModule):
                 "does not support (its aggregation is not the engine's weighted mean of the uploads); "
                 "use sampler=uniform, sampler=independent or sampler=importance."
             )
-        name = type(self).__name__
-        _check_switch("vectorised_cohort", self.vectorised_cohort, self.vectorised_refusal, f"train {name}'s clients")
-        _check_switch("fused_local_step", self.fused_local_step, self.fused_step_refusal, f"take {name}'s local steps")
-        if self.vectorised_cohort is True and self.fused_local_step is True:
-            raise ConfigError(
-                "vectorised_cohort=true trains the clients at once, so fused_local_step=true would fuse no step; "
-                "set one of them to auto or false."
-            )
+        if self.local_execution != "auto":  # a named backend that cannot serve stops here, before training
+            choose_runner(self, self.local_execution)
         self.client_model.to(self.device)
         self.client_state.refusal = (  # channels are attached (callbacks' setup) by now
             f"{type(self).__name__} declares stateless_clients, so its cohort is dealt to the processes by "
@@ -1231,6 +1008,7 @@ class FederatedModule(L.LightningModule):
             self._froze_gc = False
 
     def on_train_start(self) -> None:
+        self._begin_local_execution()  # logged before the first round (chosen again at each round's start)
         # Everything built so far (torch, Lightning, the data, the model) lives until the end:
         # moved out of the collector's generations, a full collection inside a round only
         # scans what the rounds themselves allocate.

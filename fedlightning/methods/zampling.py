@@ -68,9 +68,9 @@ from fedlightning.compression.arithmetic import BernoulliRangeCodec, LatticeCode
 from fedlightning.compression.codecs import BitPackCodec, Float32Codec
 from fedlightning.errors import ConfigError, MessageDecodeError
 from fedlightning.federated.aggregators import Aggregator, WeightedMean
-from fedlightning.federated.fused_step import Pair, chain_gradients_
+from fedlightning.federated.local.fused import Pair, chain_gradients_
 from fedlightning.federated.message import Bitstream, Message
-from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT, own_local_work
+from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT
 from fedlightning.federated.params import assign_flat_, num_parameters
 from fedlightning.federated.payloads import Payload
 from fedlightning.models.zampling import (
@@ -475,7 +475,7 @@ class SampledNetwork(nn.Module):
         estimator: p as a function of s.
         sampling: sample masks (true) or use w = Q·p (false).
         generator: the client's mask stream.
-        chain: the Linear layers of ``network``'s model (:func:`~fedlightning.federated.fused_step.linear_chain`)
+        chain: the Linear layers of ``network``'s model (:func:`~fedlightning.federated.local.fused.linear_chain`)
             where its steps are taken by hand (:meth:`fused_gradient_`); ``None``: autograd only.
     """
 
@@ -529,7 +529,7 @@ class SampledNetwork(nn.Module):
         The same mask, w and gradient as :meth:`resample`, the forward pass and
         ``loss.backward()`` (up to float rounding), without autograd: z is drawn and w = Q·z
         updated in place (:meth:`ZampledWeights.draw_weights`), ∂L/∂w is written into one flat buffer
-        (:func:`~fedlightning.federated.fused_step.chain_gradients_`), then passed straight
+        (:func:`~fedlightning.federated.local.fused.chain_gradients_`), then passed straight
         through (:meth:`ZampledWeights.straight_through`) and through p(s)
         (:meth:`ScoreEstimator.score_gradient`). Returns the loss.
         """
@@ -603,6 +603,10 @@ class Zampling(FederatedModule):
     downlink_payload = Payload.PROBABILITIES
     sets_server_state = True
     client_weighting = "uniform"  # the paper's plain mean 1/K Σ_k z^k over the uploaders
+    local_work_hooks = (*FederatedModule.local_work_hooks, "client_network")
+    # On the fused backend a client's step is taken by hand (SampledNetwork.fused_gradient_): it writes
+    # ∂L/∂s and the client optimiser, whatever it is, applies it as usual.
+    hand_stepped = True
     supported_aggregation = ("normalised",)
     client_metric_names: tuple[str, ...] = (XENT_METRIC, RANGE_METRIC)
 
@@ -820,19 +824,7 @@ class Zampling(FederatedModule):
             estimator=estimator,
             sampling=self.sampling,
             generator=self.generator(round_idx, client_id, "zampling_mask"),
-            chain=self._round_chain,
-        )
-
-    @override
-    def fused_step_refusal(self) -> str | None:
-        """Why the clients' steps cannot be taken by hand (:meth:`SampledNetwork.fused_gradient_`; ``None``: they can).
-
-        Any client optimiser and ``max_grad_norm`` serve: the hand-taken step writes ∂L/∂s and
-        the optimiser applies it as usual.
-        """
-        hooks = ("client_update", "client_network", "local_train", "local_loss", "on_local_step_end")
-        return (
-            own_local_work(type(self), Zampling, hooks, "the engine's cross-entropy steps") or self.chain_step_refusal()
+            chain=self.local_runner.layers,
         )
 
     def local_holdout(self, client_id: int, num_samples: int) -> tuple[Tensor, Tensor]:
@@ -906,7 +898,7 @@ class Zampling(FederatedModule):
         network = self.client_network(client_id=client_id, round_idx=round_idx, p_start=p_start)
         self.client_model.train()
 
-        fused = self._round_chain is not None  # steps by hand (fused_step_refusal allows it this round)
+        fused = self.local_runner.layers is not None  # the fused backend runs: steps by hand on its layers
 
         def batch_loss(x: Tensor, y: Tensor) -> Tensor:
             if fused:

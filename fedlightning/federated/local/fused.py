@@ -1,11 +1,11 @@
-"""One local step of a fully connected ReLU network under cross-entropy, without autograd.
+"""The ``fused`` backend: local steps of a fully connected ReLU network under cross-entropy, without autograd.
 
 A client of FedAvg (arXiv 1602.05629) on a multilayer perceptron takes many small steps (the
-"2NN" of that paper at batch 10: six steps per client and round in workload S2 of
-``benchmarks/``), and at that size autograd's fixed cost per step (recording the graph,
-allocating each gradient, then adding it in a separate optimiser pass) is larger than the
-arithmetic. :func:`fused_sgd_step_` does the same step by hand for a chain
-``Linear → ReLU → … → Linear`` (optionally behind a ``Flatten``):
+"2NN" of that paper at batch 10 takes six per client and round on 600-sample clients), and at
+that size autograd's fixed cost per step (recording the graph, allocating each gradient, then
+adding it in a separate optimiser pass) is larger than the arithmetic. :func:`fused_sgd_step_`
+does the same step by hand for a chain ``Linear → ReLU → … → Linear`` (optionally behind a
+``Flatten``):
 
 * forward: hₗ = ReLU(hₗ₋₁Wₗᵀ + bₗ), keeping every layer's input; logits z;
 * loss: the batch mean of −log softmax(z)_y, computed as ``cross_entropy`` does;
@@ -29,22 +29,81 @@ pruning mask, has another class), with no hooks and every parameter trained.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlightning.errors import ConfigError
+from fedlightning.federated.local.base import LocalProgram, LocalTraining, own_local_work
+from fedlightning.federated.local.loop import LoopRunner
+from fedlightning.federated.local.steps import in_place_step, sgd_step_
 from fedlightning.models.linear import LogisticRegression
 from fedlightning.models.mlp import MLP
 
-__all__ = ["Pair", "chain_gradients_", "chain_refusal", "fused_sgd_step_", "linear_chain", "plain_sgd_rates"]
+if TYPE_CHECKING:
+    from fedlightning.federated.module import FederatedModule
+
+__all__ = [
+    "FusedRunner",
+    "Pair",
+    "SGDSettings",
+    "chain_gradients_",
+    "chain_refusal",
+    "cross_entropy_chain_refusal",
+    "fused_sgd_step_",
+    "linear_chain",
+    "plain_sgd_rates",
+    "sgd_settings",
+]
 
 _THRESHOLD_BACKWARD = torch.ops.aten.threshold_backward.default
 
 Pair = tuple[Tensor, Tensor | None]
 """A layer's (weight, bias); the bias may be absent."""
+
+
+@dataclass(frozen=True)
+class SGDSettings:
+    """The hyper-parameters of ``torch.optim.SGD`` that the stacked update implements."""
+
+    lr: float
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+
+
+def sgd_settings(factory: Callable[..., torch.optim.Optimizer]) -> SGDSettings | None:
+    """The SGD settings of a plain ``functools.partial(torch.optim.SGD, ...)``, else ``None``.
+
+    >>> sgd_settings(functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9))
+    SGDSettings(lr=0.1, momentum=0.9, dampening=0.0, nesterov=False, weight_decay=0.0)
+    >>> sgd_settings(functools.partial(torch.optim.Adam, lr=0.1)) is None
+    True
+    """
+    if not isinstance(factory, functools.partial) or factory.func is not torch.optim.SGD or factory.args:
+        return None
+    kwargs = dict(factory.keywords)
+    if kwargs.pop("maximize", False) or kwargs.pop("differentiable", False):
+        return None
+    for ignored in ("foreach", "fused"):  # implementation choices, the same update
+        kwargs.pop(ignored, None)
+    names = {"lr", "momentum", "dampening", "nesterov", "weight_decay"}
+    if "lr" not in kwargs or not set(kwargs) <= names:
+        return None
+    return SGDSettings(
+        lr=float(kwargs["lr"]),
+        momentum=float(kwargs.get("momentum", 0.0)),
+        dampening=float(kwargs.get("dampening", 0.0)),
+        nesterov=bool(kwargs.get("nesterov", False)),
+        weight_decay=float(kwargs.get("weight_decay", 0.0)),
+    )
 
 
 def _chain_modules(model: nn.Module) -> list[nn.Module] | str:
@@ -212,3 +271,101 @@ def fused_sgd_step_(
                 layer.bias.add_(delta.sum(0), alpha=-bias_rate)
 
     return _forward_backward(pairs, x, y, write)
+
+
+def hand_step_owner(cls: type) -> type:
+    """The class whose local work the fused backend serves for ``cls``.
+
+    The nearest class that declares ``hand_stepped = True`` (its clients take their steps by
+    hand on :attr:`FusedRunner.layers`), else the engine's base class, which declares it false.
+    """
+    declared = [c for c in cls.__mro__ if "hand_stepped" in vars(c)]
+    for c in declared:
+        if vars(c)["hand_stepped"]:
+            return c
+    return declared[-1]
+
+
+def cross_entropy_chain_refusal(module: FederatedModule) -> str | None:
+    """Why the client model's cross-entropy steps cannot be taken by hand, whatever updates it (``None``: they can)."""
+    loss = module.loss_fn
+    plain = type(loss) is nn.CrossEntropyLoss and loss.weight is None and loss.reduction == "mean"
+    if not plain or loss.label_smoothing:
+        return "its loss is not the plain cross-entropy"
+    trainer = module.attached_trainer
+    precision = str(getattr(trainer, "precision", "32-true")) if trainer is not None else "32-true"
+    if "mixed" in precision:
+        return f"trainer.precision={precision} runs the forward pass under autocast"
+    if torch.is_autocast_enabled(module.device.type):
+        return "autocast is enabled, whose casts a hand-taken step would skip"
+    reason = chain_refusal(module.client_model)
+    return None if reason is None else f"its model cannot: {reason}"
+
+
+class FusedRunner(LoopRunner):
+    """``fused``: each client in turn, each step by :func:`fused_sgd_step_` (or the method's own hand-taken step).
+
+    It serves the engine's default local work under plain ``torch.optim.SGD`` without
+    clipping, and methods that declare ``hand_stepped`` (their steps are taken by hand on
+    :attr:`layers`, e.g. Zampling's :meth:`~fedlightning.methods.zampling.SampledNetwork.fused_gradient_`)
+    with any client optimiser.
+    """
+
+    name = "fused"
+
+    def __init__(self, *, strict: bool = False) -> None:
+        super().__init__(strict=strict)
+        self._layers: list[nn.Linear] | None = None
+
+    def refusal(self, module: FederatedModule) -> str | None:
+        owner = hand_step_owner(type(module))
+        own = own_local_work(type(module), owner, module.local_work_hooks, "the engine's cross-entropy steps")
+        if own:
+            return own
+        if not owner.hand_stepped:  # type: ignore[attr-defined]
+            if module.max_grad_norm is not None:
+                return "method.max_grad_norm clips each gradient"
+            if sgd_settings(module.round_client_optimizer) is None:
+                return "its client optimiser is not torch.optim.SGD (method.client_optimizer)"
+        return cross_entropy_chain_refusal(module)
+
+    @property
+    def layers(self) -> list[nn.Linear] | None:
+        return self._layers
+
+    def begin_round(self, module: FederatedModule) -> None:
+        self._layers = linear_chain(module.client_model)
+
+    def train(self, module: FederatedModule, *, client_id: int, round_idx: int, program: LocalProgram) -> LocalTraining:
+        optimizer = module.make_client_optimizer(program.params, client_id=client_id, round_idx=round_idx)
+        layers = self._layers
+        assert layers is not None, "begin_round was not called"
+        why = None
+        trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if program.writes_gradients:  # the method's own hand-taken step; the optimiser applies it as usual
+            pass
+        elif in_place_step(optimizer) is not sgd_step_:
+            why = "the client optimiser is not a plain torch.optim.SGD without step hooks"
+        elif trained != {id(p) for layer in layers for p in layer.parameters()}:
+            why = "the client optimiser does not train exactly the model's parameters"
+        if program.writes_gradients or why is not None:
+            if why is not None and self.strict:
+                raise ConfigError(
+                    f"local_execution=fused cannot take {type(module).__name__}'s local steps: {why}; "
+                    "set local_execution=auto or loop."
+                )
+            return self._autograd_steps(
+                module, client_id=client_id, round_idx=round_idx, program=program, optimizer=optimizer
+            )
+        rates = plain_sgd_rates(optimizer, layers)
+
+        def step(x: Tensor, y: Tensor) -> Tensor:
+            # plain SGD (rates): forward, backward and update in one pass; else gradients, then the step
+            loss = fused_sgd_step_(layers, x, y, rates=rates)
+            if rates is None:
+                sgd_step_(optimizer)
+            return loss
+
+        return self._run_steps(
+            module, client_id=client_id, round_idx=round_idx, program=program, step=step, optimizer=optimizer
+        )

@@ -1,0 +1,213 @@
+"""The ``vectorised`` backend: every client of a share trained at once on stacked parameters.
+
+FedAvg's local work (McMahan et al., arXiv 1602.05629) is the same small program on each
+client: steps of a client optimiser from the broadcast. Here the K clients' parameters are
+stacked along a leading client axis and one step of all K clients is one ``torch.func.vmap``
+of ``torch.func.functional_call`` over (parameters, batch), one backward pass, and one update
+of the stacked optimiser state (:mod:`fedlightning.federated.local.stacked_optim`). Unequal
+clients are padded:
+
+* batches are padded to the batch size with a sample mask (a short last batch counts only its
+  own samples, its loss is the mean over them, as in the sequential loop);
+* clients with fewer steps are padded with inactive steps, which leave a client's parameters
+  and optimiser state exactly as they were, so each client takes exactly its own steps.
+
+The batch schedules are the sequential path's own (each client's ``batches`` stream), so both
+paths see the same batches and agree within float rounding. Served: the engine's default
+``client_update`` / ``local_train`` / ``local_loss`` with ``torch.optim.SGD`` (momentum,
+dampening, Nesterov, weight decay), ``torch.optim.Adam`` or ``torch.optim.AdamW``,
+cross-entropy or squared error, ``max_grad_norm``, models without buffers (GroupNorm is fine),
+step budgets of failure injection (stragglers). It is the accelerator path: on a CPU the
+sequential backends are as fast.
+
+>>> plan = plan_steps([[torch.tensor([1, 0]), torch.tensor([2])], [torch.tensor([0])]], [0, 3], 2)
+>>> plan.index.tolist(), plan.mask.int().tolist(), plan.steps.tolist()
+([[[1, 0], [2, 0]], [[3, 0], [0, 0]]], [[[1, 1], [1, 0]], [[1, 0], [0, 0]]], [2, 1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from fedlightning.federated.local.base import ClientResult, ClientRunner, engine_base, own_local_work
+from fedlightning.federated.local.stacked_optim import StackedOptimizer, refusal, stacked_optimizer
+
+if TYPE_CHECKING:
+    from fedlightning.federated.module import FederatedModule
+
+__all__ = ["StepPlan", "VectorisedRunner", "plan_steps", "train_stacked"]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The padded batch schedule of K clients.
+
+    Attributes:
+        index: (K, S, B) positions into the concatenated client data (0 where padded).
+        mask: (K, S, B) whether a position holds a real sample.
+        active: (K, S) whether client k takes step s.
+        steps: (K,) the number of steps of each client.
+    """
+
+    index: Tensor
+    mask: Tensor
+    active: Tensor
+    steps: Tensor
+
+
+def plan_steps(schedules: Sequence[Sequence[Tensor]], offsets: Sequence[int], batch_size: int) -> StepPlan:
+    """Pad K clients' index batches into one :class:`StepPlan` (``offsets``: where each client's data starts)."""
+    k = len(schedules)
+    s = max((len(b) for b in schedules), default=0)
+    index = torch.zeros(k, s, batch_size, dtype=torch.long)
+    mask = torch.zeros(k, s, batch_size, dtype=torch.bool)
+    for c, (batches, offset) in enumerate(zip(schedules, offsets, strict=True)):
+        for step, idx in enumerate(batches):
+            index[c, step, : len(idx)] = idx + offset
+            mask[c, step, : len(idx)] = True
+    active = mask.any(dim=2)
+    return StepPlan(index=index, mask=mask, active=active, steps=active.sum(dim=1))
+
+
+def _per_sample_loss(task: str) -> Callable[[Tensor, Tensor], Tensor]:
+    if task == "classification":
+        return lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
+    return lambda out, y: (out.reshape(y.shape) - y) ** 2
+
+
+def train_stacked(
+    *,
+    model: nn.Module,
+    start: dict[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+    plan: StepPlan,
+    optimizer: StackedOptimizer,
+    task: str,
+    max_grad_norm: float | None,
+) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """Local SGD of K clients at once from the same ``start`` parameters.
+
+    Args:
+        model: the architecture (its own parameters are not used or changed).
+        start: parameter name -> tensor, the received model.
+        x, y: the concatenated data of the K clients (``plan.index`` points into them).
+        plan: the padded schedule.
+        optimizer: the client optimiser, stacked (fresh: no client has stepped yet).
+        task: ``classification`` (cross-entropy) or ``regression`` (squared error).
+        max_grad_norm: per-client clipping of each step's gradient (as ``clip_grad_norm_``).
+
+    Returns:
+        The final stacked parameters (name -> (K, ...)), each client's first-step loss (K,)
+        and each client's mean loss over its steps (K,).
+    """
+    k, steps, _ = plan.index.shape
+    names = list(start)
+    params = {n: start[n].detach().unsqueeze(0).expand(k, *start[n].shape).clone() for n in names}
+    loss_fn = _per_sample_loss(task)
+    device = x.device
+    index, mask, active = (
+        plan.index.to(device),
+        plan.mask.to(device),
+        plan.active.to(device),
+    )  # (plan's stay on the host)
+    counts = mask.sum(dim=2).clamp(min=1).to(x.dtype if x.is_floating_point() else torch.float32)
+
+    def client_loss(p: dict[str, Tensor], xb: Tensor, yb: Tensor, mb: Tensor, count: Tensor) -> Tensor:
+        out = torch.func.functional_call(model, p, (xb,))
+        per = loss_fn(out, yb)
+        return (per * mb).sum() / count
+
+    batched = torch.func.vmap(client_loss)
+    loss_sum = torch.zeros(k, device=device)
+    first_loss = torch.zeros(k, device=device)
+    for n in names:
+        params[n].requires_grad_(True)  # leaves of every step's graph, updated in place between steps
+    for s in range(steps):
+        idx = index[:, s]
+        xb, yb = x[idx], y[idx]
+        mb = mask[:, s].to(counts.dtype)
+        losses = batched(params, xb, yb, mb, counts[:, s])
+        grads = torch.autograd.grad(losses.sum(), [params[n] for n in names])
+        on = active[:, s]
+        with torch.no_grad():
+            if max_grad_norm is not None:
+                norms = torch.sqrt(sum(g.reshape(k, -1).pow(2).sum(dim=1) for g in grads))  # type: ignore[arg-type]
+                coef = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+                grads = tuple(g * coef.reshape((-1,) + (1,) * (g.dim() - 1)) for g in grads)
+            optimizer.step_(params, dict(zip(names, grads, strict=True)), plan.active[:, s])
+            step_loss = torch.where(on, losses.detach(), torch.zeros_like(losses))
+            loss_sum += step_loss
+            if s == 0:
+                first_loss = step_loss.clone()
+    mean_loss = loss_sum / plan.steps.to(device).clamp(min=1).to(loss_sum.dtype)
+    return {n: params[n].detach() for n in names}, first_loss, mean_loss
+
+
+class VectorisedRunner(ClientRunner):
+    """``vectorised``: the share's clients at once (:func:`train_stacked`), the same results as the loop."""
+
+    name = "vectorised"
+
+    def refusal(self, module: FederatedModule) -> str | None:
+        if module.per_client_downlink:
+            return "each client receives its own message (per_client_downlink)"
+        hooks = (*module.local_work_hooks, "make_client_optimizer", "client_batches")
+        own = own_local_work(type(module), engine_base(type(module)), hooks, "the engine's local SGD")
+        if own:
+            return own
+        dm = type(module.datamodule)
+        if len([c for c in dm.__mro__ if "augment" in vars(c)]) > 1:  # its own augment overrides the base's identity
+            return f"{dm.__name__} augments each batch randomly"
+        why = refusal(module.round_client_optimizer)
+        return why.rstrip(".") or None
+
+    def train_share(
+        self, module: FederatedModule, *, round_idx: int, share: list[int], receive: Callable[[int], Tensor]
+    ) -> Iterator[tuple[int, ClientResult]]:
+        received = [receive(client_id) for client_id in share]  # every downlink is observed (and counted)
+        if not share:
+            return
+        start_vector = received[-1]  # the broadcast: no per-client downlink here
+        model = module.client_model
+        named = dict(model.named_parameters())
+        pieces = torch.split(start_vector, [p.numel() for p in named.values()])
+        start = {n: piece.reshape(p.shape) for (n, p), piece in zip(named.items(), pieces, strict=True)}
+        xs, ys, offsets, schedules = [], [], [], []
+        total = 0
+        for client_id in share:
+            x, y = module.client_data(client_id)
+            batches = list(module.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)))
+            if module.cuts_local_steps:  # e.g. stragglers: at most a budget of the planned steps
+                batches = batches[
+                    : module.local_step_budget(client_id=client_id, round_idx=round_idx, planned=len(batches))
+                ]
+            xs.append(x)
+            ys.append(y)
+            offsets.append(total)
+            schedules.append(batches)
+            total += len(y)
+        dm = module.datamodule
+        x_all = dm.transform(torch.cat(xs)) if hasattr(dm, "transform") else torch.cat(xs)
+        optimizer = stacked_optimizer(module.round_client_optimizer)
+        assert optimizer is not None, "refusal() was not asked"
+        final, first_loss, mean_loss = train_stacked(
+            model=model,
+            start=start,
+            x=x_all,
+            y=torch.cat(ys),
+            plan=plan_steps(schedules, offsets, module.batch_size),
+            optimizer=optimizer,
+            task=module.task,
+            max_grad_norm=module.max_grad_norm,
+        )
+        uploads = torch.cat([final[n].reshape(len(share), -1) for n in named], dim=1) - start_vector
+        took = torch.tensor([len(b) > 0 for b in schedules], device=first_loss.device)
+        module.record_start_losses(first_loss[took])  # the received model's loss on each client's first batch
+        for k, client_id in enumerate(share):
+            yield client_id, ClientResult(upload=uploads[k], num_samples=len(ys[k]), loss=mean_loss[k])
