@@ -59,7 +59,7 @@ def test_auto_takes_vectorised_on_cuda_fused_on_a_cpu_and_loop_where_neither_ser
         "fused: its client optimiser is not torch.optim.SGD (method.client_optimizer)"
     )
     shuffle = FedShuffle(model=_mlp(), datamodule=dm, client_optimizer=sgd)
-    assert isinstance(choose_runner(_on(shuffle, "cuda"), "auto")[0], FusedRunner)  # its own batches: not stacked
+    assert isinstance(choose_runner(_on(shuffle, "cuda"), "auto")[0], VectorisedRunner)  # per-client rates stack
 
 
 def test_the_chosen_backend_and_its_reason_are_logged_once_before_the_first_round(

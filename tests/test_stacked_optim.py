@@ -190,3 +190,36 @@ def test_step_refuses_gradients_of_another_shape() -> None:
 def test_module_doctests_pass() -> None:
     result = doctest.testmod(stacked_optim, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 4 and result.failed == 0
+
+
+@pytest.mark.parametrize(
+    "setting", ["sgd_plain", "sgd_nesterov_weight_decay", "adam_weight_decay", "adamw_weight_decay"]
+)
+def test_per_client_learning_rates_equal_torch_optimizers_with_each_clients_rate_bit_for_bit(setting: str) -> None:
+    cls, kwargs = SETTINGS[setting]
+    rates = [kwargs.get("lr", 1e-3) * scale for scale in (1.0, 1 / 3, 2.5)]  # e.g. FedShuffle's scaled step sizes
+    start, grads = _problem(torch.float32, seed=7)
+    stacked = stacked_optimizer(_partial(cls, **kwargs))
+    assert stacked is not None
+    stacked.set_client_lr(rates)
+    params = {n: t.clone() for n, t in start.items()}
+    k = ACTIVE.shape[1]
+    clients = [{n: torch.nn.Parameter(start[n][c].clone()) for n in SHAPES} for c in range(k)]
+    optimizers = [cls(list(client.values()), **{**kwargs, "lr": rates[c]}) for c, client in enumerate(clients)]
+    for step, active in enumerate(ACTIVE):
+        stacked.step_(params, grads[step], active)
+        for c in range(k):
+            if active[c]:
+                for n, p in clients[c].items():
+                    p.grad = grads[step][n][c].clone()
+                optimizers[c].step()
+            for n in SHAPES:
+                torch.testing.assert_close(params[n][c], clients[c][n].detach(), rtol=0, atol=0)
+
+
+def test_equal_client_rates_at_the_configured_rate_keep_the_single_rate_path() -> None:
+    sgd = StackedSGD(lr=0.1)
+    sgd.set_client_lr([0.1, 0.1])
+    assert sgd.client_lr is None
+    sgd.set_client_lr([0.1, 0.2])
+    assert sgd.client_lr == [0.1, 0.2]

@@ -16,7 +16,7 @@ from fedlightning.federated.local import VectorisedRunner
 from fedlightning.federated.local import vectorised as vectorised_backend
 from fedlightning.federated.local.vectorised import plan_steps
 from fedlightning.federated.params import flat_parameters
-from fedlightning.methods import FedAvg
+from fedlightning.methods import FedAvg, FedShuffle
 from fedlightning.sampling import UniformSampler
 from tests.conftest import record_calls, round_trainer
 
@@ -27,11 +27,15 @@ def _gn_model() -> nn.Module:
 
 
 def _run(
-    backend: str, monkeypatch: pytest.MonkeyPatch, callbacks: tuple[Any, ...] = (), **kwargs: Any
+    backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+    callbacks: tuple[Any, ...] = (),
+    method: type[FedAvg] = FedAvg,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, float]:
     dm = DigitsDataModule(num_clients=8, seed=0, partition=DirichletPartition(alpha=0.3))
     assert len(set(dm.client_sizes)) > 1  # unequal clients: padded batches and steps
-    module = FedAvg(model=_gn_model(), datamodule=dm, batch_size=16, local_execution=backend, **kwargs)
+    module = method(model=_gn_model(), datamodule=dm, batch_size=16, local_execution=backend, **kwargs)
     calls = record_calls(monkeypatch, vectorised_backend, "train_stacked")
     trainer = round_trainer(2, [UniformSampler(clients_per_round=5), *callbacks])
     trainer.fit(module)
@@ -77,6 +81,13 @@ def test_padded_plan_masks_short_batches_and_missing_steps() -> None:
     assert plan.mask.sum().item() == 6 and plan.index[1, 0, :2].tolist() == [5, 4]
 
 
+class _OwnMomentum(FedAvg):
+    def make_client_optimizer(self, params: Any, *, client_id: int, round_idx: int) -> torch.optim.Optimizer:
+        optimizer = super().make_client_optimizer(params, client_id=client_id, round_idx=round_idx)
+        optimizer.param_groups[0]["momentum"] = 0.5 if client_id % 2 else 0.9
+        return optimizer
+
+
 class _OwnLocalWork(FedAvg):
     def local_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return super().local_loss(model, x, y) + 0.0
@@ -91,6 +102,12 @@ class _OwnLocalWork(FedAvg):
             r"method\.client_optimizer torch\.optim\.Adam\(lr=0\.01, amsgrad=True\) turns on amsgrad",
         ),
         (_OwnLocalWork, functools.partial(torch.optim.SGD, lr=0.1), r"its local work is its own \(local_loss\)"),
+        (
+            _OwnMomentum,
+            functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+            r"its make_client_optimizer gives client \d+ an optimiser that differs from method\.client_optimizer "
+            r"in more than its learning rate; set local_execution=loop\.$",
+        ),
     ],
 )
 def test_local_execution_vectorised_on_a_method_it_cannot_serve_is_refused_before_training(
@@ -119,9 +136,9 @@ def test_config_refuses_a_named_backend_that_cannot_serve_before_training(make_c
     from fedlightning.run import run
 
     with pytest.raises(
-        ConfigError, match=r"local_execution=vectorised cannot run FedShuffle's clients: its local work"
+        ConfigError, match=r"local_execution=vectorised cannot run FedIHT's clients: its local work is its own"
     ):
-        run(make_config(["rounds=1", "method=fedshuffle", "local_execution=vectorised"]), tmp_path / "run")
+        run(make_config(["rounds=1", "method=fediht", "local_execution=vectorised"]), tmp_path / "run")
     with pytest.raises(ConfigError, match=r"local_execution .* must be"):
         run(make_config(["rounds=1", "local_execution=sometimes"]), tmp_path / "typo")
 
@@ -164,3 +181,27 @@ def test_client_failures_without_stragglers_keep_the_vectorised_cohort_and_ask_n
     assert asked == []
     round_trainer(1, [ClientFailures(straggler_probability=1.0, straggler_fraction=0.5)]).fit(module)
     assert sorted(asked) == [0, 1, 2]  # asked once per client when stragglers are on
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        # FedShuffle: epochs drawn per client and round, step sizes scaled to them
+        {"local_epochs": [1, 3], "client_optimizer": functools.partial(torch.optim.SGD, lr=0.05, momentum=0.5)},
+        {
+            "local_epochs": [1, 3],
+            "update_scaling": "fednova",
+            "step_size": "fedavg",
+            "client_optimizer": functools.partial(torch.optim.SGD, lr=0.05),
+        },
+    ],
+    ids=["fedshuffle", "fednova"],
+)
+def test_fedshuffle_family_on_the_vectorised_backend_equals_the_loop(
+    options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sequential, loss_s = _run("loop", monkeypatch, method=FedShuffle, **options)
+    vectorised, loss_v = _run("vectorised", monkeypatch, method=FedShuffle, **options)
+    assert not torch.equal(sequential, flat_parameters(_gn_model()))
+    assert torch.allclose(vectorised, sequential, rtol=1e-4, atol=2e-6), (vectorised - sequential).abs().max()
+    assert loss_v == pytest.approx(loss_s, rel=1e-5)

@@ -61,7 +61,11 @@ class StackedOptimizer(abc.ABC):
     optimizer: ClassVar[type[torch.optim.Optimizer]]
     keywords: ClassVar[frozenset[str]]
 
+    lr: float
+
     def __init__(self) -> None:
+        self.client_lr: list[float] | None = None
+        """Each client's learning rate where they differ (:meth:`set_client_lr`); ``None``: :attr:`lr` for all."""
         self.state: dict[str, dict[str, Tensor]] = {}
         self._counts: dict[str, list[int]] = {}  # active steps taken by each client, on the host
         self._cache: dict[tuple[Any, ...], Tensor] = {}  # small per-step tensors shared by the parameters
@@ -109,6 +113,17 @@ class StackedOptimizer(abc.ABC):
         except (TypeError, ValueError) as error:
             return f"{_KEY} {_describe(factory)} is rejected by torch: {error}."
         return {k: v for k, v in group.items() if k != "params"}
+
+    def set_client_lr(self, lrs: list[float]) -> None:
+        """Give client k the learning rate ``lrs[k]`` (e.g. a step size scaled to its local work).
+
+        Each client's update is then computed with its own rate as a Python float, as its own
+        ``torch.optim`` optimiser would.
+        """
+        self.client_lr = None if len(set(lrs)) <= 1 and (not lrs or lrs[0] == self.lr) else [float(v) for v in lrs]
+
+    def _client_lrs(self, k: int) -> list[float]:
+        return self.client_lr if self.client_lr is not None else [self.lr] * k
 
     @torch.no_grad()
     def step_(self, params: dict[str, Tensor], grads: dict[str, Tensor], active: Tensor) -> None:
@@ -203,10 +218,17 @@ class StackedSGD(StackedOptimizer):
                     new = torch.where(first, d, new)
                 buf.copy_(new if everyone else torch.where(on, new, buf))
             d = d.add(buf, alpha=self.momentum) if self.nesterov else buf
-        if everyone:
-            p.add_(d, alpha=-self.lr)
-        else:
-            p.copy_(torch.where(on, p.add(d, alpha=-self.lr), p))
+        if self.client_lr is None:
+            if everyone:
+                p.add_(d, alpha=-self.lr)
+            else:
+                p.copy_(torch.where(on, p.add(d, alpha=-self.lr), p))
+            return
+        # one pass per distinct rate, each client's rows updated as torch would with its own rate
+        rates = self.client_lr
+        for rate in sorted(set(rates)):
+            rows = torch.tensor([r == rate for r in rates], device=p.device).reshape(on.shape) & on
+            p.copy_(torch.where(rows, p.add(d, alpha=-rate), p))
 
 
 class StackedAdam(StackedOptimizer):
@@ -254,13 +276,13 @@ class StackedAdam(StackedOptimizer):
 
     def _scalars(self, after: list[int], like: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
         """Each client's −step size and √(bias correction 2), as torch computes them in Python floats."""
-        key = ("adam", tuple(after), like.dtype, like.device)
+        key = ("adam", tuple(after), like.dtype, like.device)  # (the rates are fixed for the optimiser's life)
         if key not in self._cache:
             beta1, beta2 = self.betas
             neg_step, bc2_sqrt = [], []
-            for count in after:
+            for count, lr in zip(after, self._client_lrs(len(after)), strict=True):
                 step = float(max(count, 1))  # (an inactive client's values are masked out)
-                neg_step.append(-(self.lr / (1 - beta1**step)))
+                neg_step.append(-(lr / (1 - beta1**step)))
                 bc2_sqrt.append((1 - beta2**step) ** 0.5)
             self._cache[key] = torch.tensor([neg_step, bc2_sqrt], dtype=like.dtype).to(like.device, non_blocking=True)
         values = self._cache[key]
@@ -280,8 +302,11 @@ class StackedAdam(StackedOptimizer):
         neg_step, bc2_sqrt = self._scalars(after, p, tuple(on.shape))
         x = p
         if self.weight_decay != 0:
-            if self.decoupled_weight_decay:
+            if self.decoupled_weight_decay and self.client_lr is None:
                 x = p.mul(1 - self.lr * self.weight_decay)
+            elif self.decoupled_weight_decay:  # each client's own 1 − γλ, as a Python float
+                decay = [1 - lr * self.weight_decay for lr in self._client_lrs(p.shape[0])]
+                x = p.mul(torch.tensor(decay, dtype=p.dtype, device=p.device).reshape(on.shape))
             else:
                 g = g.add(p, alpha=self.weight_decay)
         if everyone:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from fedlightning.errors import ConfigError
 from fedlightning.federated.local.base import ClientResult, ClientRunner, engine_base, own_local_work
 from fedlightning.federated.local.stacked_optim import StackedOptimizer, refusal, stacked_optimizer
 
@@ -149,6 +150,32 @@ def train_stacked(
     return {n: params[n].detach() for n in names}, first_loss, mean_loss
 
 
+def client_rates(module: FederatedModule, *, share: list[int], round_idx: int) -> list[float]:
+    """Each client's learning rate, read from the method's own ``make_client_optimizer``.
+
+    A method may give each client its own step size (e.g. FedShuffle's, scaled to the client's
+    local epochs); anything else that differs from the round's client optimiser (another class,
+    other settings, more than one parameter group, state carried over from earlier rounds)
+    cannot be stacked and stops the run in one sentence.
+    """
+    probe = [nn.Parameter(torch.zeros(1))]
+    reference = module.round_client_optimizer(probe)
+    want = {k: v for k, v in reference.param_groups[0].items() if k not in ("params", "lr", "initial_lr")}
+    rates = []
+    for client_id in share:
+        own = module.make_client_optimizer(probe, client_id=client_id, round_idx=round_idx)
+        groups = own.param_groups
+        same = type(own) is type(reference) and len(groups) == 1 and not own.state
+        if not same or {k: v for k, v in groups[0].items() if k not in ("params", "lr", "initial_lr")} != want:
+            raise ConfigError(
+                f"local_execution=vectorised cannot run {type(module).__name__}'s clients: its make_client_optimizer "
+                f"gives client {client_id} an optimiser that differs from method.client_optimizer in more than its "
+                "learning rate; set local_execution=loop."
+            )
+        rates.append(float(groups[0]["lr"]))
+    return rates
+
+
 class VectorisedRunner(ClientRunner):
     """``vectorised``: the share's clients at once (:func:`train_stacked`), the same results as the loop."""
 
@@ -157,7 +184,7 @@ class VectorisedRunner(ClientRunner):
     def refusal(self, module: FederatedModule) -> str | None:
         if module.per_client_downlink:
             return "each client receives its own message (per_client_downlink)"
-        hooks = (*module.local_work_hooks, "make_client_optimizer", "client_batches")
+        hooks = module.local_work_hooks  # (its own client_batches are followed; make_client_optimizer: client_rates)
         own = own_local_work(type(module), engine_base(type(module)), hooks, "the engine's local SGD")
         if own:
             return own
@@ -196,6 +223,8 @@ class VectorisedRunner(ClientRunner):
         x_all = dm.transform(torch.cat(xs)) if hasattr(dm, "transform") else torch.cat(xs)
         optimizer = stacked_optimizer(module.round_client_optimizer)
         assert optimizer is not None, "refusal() was not asked"
+        if own_local_work(type(module), engine_base(type(module)), ("make_client_optimizer",), ""):
+            optimizer.set_client_lr(client_rates(module, share=share, round_idx=round_idx))
         final, first_loss, mean_loss = train_stacked(
             model=model,
             start=start,
