@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +41,15 @@ from fedlightning.federated.local.stacked_optim import StackedOptimizer, refusal
 if TYPE_CHECKING:
     from fedlightning.federated.module import FederatedModule
 
-__all__ = ["StepPlan", "VectorisedRunner", "plan_steps", "train_stacked"]
+__all__ = [
+    "StackedLocalWork",
+    "StepPlan",
+    "VectorisedRunner",
+    "client_rates",
+    "plan_steps",
+    "stacked_work_owner",
+    "train_stacked",
+]
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,31 @@ def train_stacked(
     return {n: params[n].detach() for n in names}, first_loss, mean_loss
 
 
+class StackedLocalWork(Protocol):
+    """A method's own local work for a whole share at once, which the vectorised backend runs.
+
+    The method defines both hooks; the backend serves it (and its subclasses that override none
+    of its local-work hooks) where :meth:`stacked_refusal` says nothing. Its results must equal
+    its ``client_update`` on each client within float rounding, in ``share`` order.
+    """
+
+    def stacked_refusal(self) -> str | None:
+        """Why this run's clients cannot be trained at once by :meth:`stacked_client_updates` (``None``: they can)."""
+        ...
+
+    def stacked_client_updates(self, *, round_idx: int, share: list[int], received: Tensor) -> list[ClientResult]:
+        """Each client of ``share``'s result from the decoded broadcast ``received``."""
+        ...
+
+
+def stacked_work_owner(cls: type) -> type | None:
+    """The nearest class of ``cls`` that defines :class:`StackedLocalWork`'s hooks, else ``None``."""
+    for c in cls.__mro__:
+        if "stacked_client_updates" in vars(c):
+            return c
+    return None
+
+
 def client_rates(module: FederatedModule, *, share: list[int], round_idx: int) -> list[float]:
     """Each client's learning rate, read from the method's own ``make_client_optimizer``.
 
@@ -184,6 +217,11 @@ class VectorisedRunner(ClientRunner):
     def refusal(self, module: FederatedModule) -> str | None:
         if module.per_client_downlink:
             return "each client receives its own message (per_client_downlink)"
+        owner = stacked_work_owner(type(module))
+        if owner is not None:  # the method's own stacked local work, for the local work of its class
+            hooks = (*module.local_work_hooks, "make_client_optimizer", "client_batches")
+            own = own_local_work(type(module), owner, hooks, f"{owner.__name__}'s stacked local work")
+            return own or cast(StackedLocalWork, module).stacked_refusal()
         hooks = module.local_work_hooks  # (its own client_batches are followed; make_client_optimizer: client_rates)
         own = own_local_work(type(module), engine_base(type(module)), hooks, "the engine's local SGD")
         if own:
@@ -201,6 +239,11 @@ class VectorisedRunner(ClientRunner):
         if not share:
             return
         start_vector = received[-1]  # the broadcast: no per-client downlink here
+        if stacked_work_owner(type(module)) is not None:
+            work = cast(StackedLocalWork, module)
+            results = work.stacked_client_updates(round_idx=round_idx, share=share, received=start_vector)
+            yield from zip(share, results, strict=True)
+            return
         model = module.client_model
         named = dict(model.named_parameters())
         pieces = torch.split(start_vector, [p.numel() for p in named.values()])
