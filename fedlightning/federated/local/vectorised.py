@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -163,7 +163,8 @@ class StackedLocalWork(Protocol):
 
     The method defines both hooks; the backend serves it (and its subclasses that override none
     of its local-work hooks) where :meth:`stacked_refusal` says nothing. Its results must equal
-    its ``client_update`` on each client within float rounding, in ``share`` order.
+    its ``client_update`` on each client within float rounding, in ``share`` order. A method with
+    ``per_client_downlink`` also receives ``received_by_client``, each client's decoded message.
     """
 
     def stacked_refusal(self) -> str | None:
@@ -215,13 +216,13 @@ class VectorisedRunner(ClientRunner):
     name = "vectorised"
 
     def refusal(self, module: FederatedModule) -> str | None:
-        if module.per_client_downlink:
-            return "each client receives its own message (per_client_downlink)"
         owner = stacked_work_owner(type(module))
         if owner is not None:  # the method's own stacked local work, for the local work of its class
-            hooks = (*module.local_work_hooks, "make_client_optimizer", "client_batches")
+            hooks = (*module.local_work_hooks, "make_client_optimizer", "client_batches", "client_downlink")
             own = own_local_work(type(module), owner, hooks, f"{owner.__name__}'s stacked local work")
             return own or cast(StackedLocalWork, module).stacked_refusal()
+        if module.per_client_downlink:
+            return "each client receives its own message (per_client_downlink)"
         hooks = module.local_work_hooks  # (its own client_batches are followed; make_client_optimizer: client_rates)
         own = own_local_work(type(module), engine_base(type(module)), hooks, "the engine's local SGD")
         if own:
@@ -238,10 +239,11 @@ class VectorisedRunner(ClientRunner):
         received = [receive(client_id) for client_id in share]  # every downlink is observed (and counted)
         if not share:
             return
-        start_vector = received[-1]  # the broadcast: no per-client downlink here
+        start_vector = received[-1]  # the broadcast, unless each client receives its own message
         if stacked_work_owner(type(module)) is not None:
             work = cast(StackedLocalWork, module)
-            results = work.stacked_client_updates(round_idx=round_idx, share=share, received=start_vector)
+            own: dict[str, Any] = {"received_by_client": received} if module.per_client_downlink else {}
+            results = work.stacked_client_updates(round_idx=round_idx, share=share, received=start_vector, **own)
             yield from zip(share, results, strict=True)
             return
         model = module.client_model
