@@ -99,3 +99,18 @@ def test_threads_auto_takes_one_per_process_on_at_most_two_cores_and_torchs_defa
         assert f"threads=auto: {reason} on a machine with {cores} core" in caplog.text
     finally:
         torch.set_num_threads(before)
+
+
+def test_backends_answer_for_methods_whose_local_work_names_hooks_the_engine_lacks() -> None:
+    from fedlightning.methods import FjORD, Zampling
+
+    dm = DigitsDataModule(num_clients=3, seed=0)
+    zampling = _on(Zampling(model=_mlp(), datamodule=dm, compression=4), "cuda")  # client_network: Zampling's own
+    fjord = _on(FjORD(model=_mlp(), datamodule=dm), "cuda")  # step_loss, client_indices, ...: FjORD's own
+    assert FusedRunner().refusal(zampling) is None  # its hand steps
+    assert FusedRunner().refusal(fjord) == (
+        "its local work is its own (client_update, step_loss, client_indices, candidates, teacher_width, reach), "
+        "not the engine's cross-entropy steps"
+    )
+    assert VectorisedRunner().refusal(fjord) is None  # its stacked local work
+    assert LoopRunner().refusal(zampling) is None and LoopRunner().refusal(fjord) is None

@@ -26,6 +26,9 @@ Departures from the text are named options, measured in ``benchmarks/results/efl
 ``constraint_scale``, ``penalty`` (augmented Lagrangian), ``density_estimator="expected_gate"``,
 ``prior="uniform"``, ``off_support_gates="resume"`` / ``"regrow"``, ``support_allocation="per_tensor"``
 and an Adam optimiser.
+
+On the ``vectorised`` backend a process's clients train at once on stacked (θ̃, log α, λ)
+(:mod:`fedlightning.methods.eflops_stacked`), as :meth:`EFLoPS.client_update` trains each.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from fedlightning.federated.module import ClientResult, FederatedModule
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER
+from fedlightning.methods import eflops_stacked
 from fedlightning.metrics.sparse_report import unflatten
 from fedlightning.metrics.sparsity import num_kept, top_m_mask
 from fedlightning.models.hard_concrete import HardConcrete, bernoulli_kl, uniform_noise
@@ -884,6 +888,21 @@ class EFLoPS(FederatedModule):
             loss=local.data_loss_sum / max(done.steps, 1),  # the data term: train/loss compares across methods
             metrics={"eflops/local_density": density},
         )
+
+    # ------------------------------------------------------------------ stacked clients (vectorised backend)
+    def stacked_refusal(self) -> str | None:
+        """Why the share cannot be trained at once as :meth:`client_update` trains each client (``None``: it can).
+
+        See :func:`fedlightning.methods.eflops_stacked.stacked_refusal`.
+        """
+        return eflops_stacked.stacked_refusal(self)
+
+    def stacked_client_updates(self, *, round_idx: int, share: list[int], received: Tensor) -> list[ClientResult]:
+        """:meth:`client_update` of every client of ``share`` at once on stacked (θ̃, log α, λ).
+
+        See :func:`fedlightning.methods.eflops_stacked.stacked_client_updates`.
+        """
+        return eflops_stacked.stacked_client_updates(self, round_idx=round_idx, share=share, received=received)
 
     # ------------------------------------------------------------------ evaluation
     def final_parameters(self, theta: Tensor, log_alpha: Tensor) -> Tensor:

@@ -36,6 +36,9 @@ receives and sends exactly that sub-model. One run per target width gives the eF
 
 Communication is the sub-model in both directions: 32 bits per coordinate of the slice with
 the own codec (``comm/uplink_bits_per_param`` still divides by the full model's size).
+
+``local_execution=vectorised`` trains a process's clients at once on stacked parameters, one
+vmapped pass per sub-model in use (:mod:`fedlightning.methods.fjord_stacked`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from fedlightning.federated.channel import Channel
 from fedlightning.federated.module import ClientResult, FederatedModule
 from fedlightning.federated.params import assign_flat_, flat_parameters, num_parameters
 from fedlightning.federated.rng import SERVER, torch_generator
+from fedlightning.methods import fjord_stacked
 from fedlightning.models.ordered_dropout import (
     ODArchitecture,
     od_architecture,
@@ -253,6 +257,16 @@ class FjORD(FederatedModule):
     """
 
     per_client_downlink = True
+    # The hooks that choose a client's sub-models are part of its local work: a subclass that
+    # overrides one (eFD) is not served by the stacked local work of fjord_stacked.
+    local_work_hooks = (
+        *FederatedModule.local_work_hooks,
+        "step_loss",
+        "client_indices",
+        "candidates",
+        "teacher_width",
+        "reach",
+    )
     stateless_clients = True  # a client's width comes from its tier and its round stream; nothing is kept
     supported_aggregation = ("normalised",)
     fixed_slices: ClassVar[bool] = True
@@ -424,6 +438,23 @@ class FjORD(FederatedModule):
             return self.loss_fn(teacher, y) + (1 - self.kd_alpha) * student_ce + self.kd_alpha * t * t * kd
 
         return loss
+
+    # ------------------------------------------------------------------ the share at once (vectorised backend)
+    def stacked_refusal(self) -> str | None:
+        """Why the ``vectorised`` backend cannot train this run's clients at once (:mod:`.fjord_stacked`)."""
+        return fjord_stacked.stacked_refusal(self)
+
+    def stacked_client_updates(
+        self, *, round_idx: int, share: list[int], received: Tensor, received_by_client: list[Tensor] | None = None
+    ) -> list[ClientResult]:
+        """:meth:`client_update` of every client of ``share`` at once, one vmapped pass per sub-model in use.
+
+        ``received_by_client``: each client's decoded slice (the backend passes it, as FjORD has a
+        per-client downlink); without it each slice is cut from the decoded broadcast ``received``.
+        """
+        return fjord_stacked.stacked_client_updates(
+            self, round_idx=round_idx, share=share, received=received, received_by_client=received_by_client
+        )
 
     # ------------------------------------------------------------------ evaluation at every width
     @override

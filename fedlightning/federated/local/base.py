@@ -97,7 +97,7 @@ def own_local_work(cls: type, base: type, hooks: tuple[str, ...], engine_work: s
     >>> own_local_work(Own, Base, ("local_loss",), "the engine's local SGD")
     "its local work is its own (local_loss), not the engine's local SGD"
     """
-    own = [h for h in hooks if getattr(cls, h) is not getattr(base, h)]
+    own = [h for h in hooks if getattr(cls, h, None) is not getattr(base, h, None)]  # (a hook base lacks is own)
     return f"its local work is its own ({', '.join(own)}), not {engine_work}" if own else None
 
 
