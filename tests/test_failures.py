@@ -250,7 +250,7 @@ def test_a_nonfinite_upload_is_quarantined_and_the_aggregate_is_that_of_the_othe
     dm = digits_federation(3)
     module = _fedavg(dm, method=_PoisonsClient)
     accountant = CommunicationAccountant()
-    with caplog.at_level(logging.WARNING, logger="fedlightning.federated.module"):
+    with caplog.at_level(logging.WARNING, logger="fedlightning.federated.divergence"):
         _fit(module, [FullParticipation(), accountant])
     assert "Round 0: client 1 produced a non-finite update" in caplog.text
     assert module.reliability_summary()["failures/quarantined_total"] == 1

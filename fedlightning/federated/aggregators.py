@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["Aggregator", "Estimator", "WeightedMean", "fold_", "participation_weights"]
+__all__ = ["Aggregator", "Estimator", "WeightedMean", "accumulate_upload", "fold_", "participation_weights"]
 
 Estimator = Literal["normalised", "unbiased"]
 Reduce = Callable[[Tensor], Tensor]
@@ -179,3 +179,30 @@ class WeightedMean(Aggregator):
                 raise ValueError("No upload reached the aggregator this round.")
             total = total / self.total_weight
         return total.to(dtype)
+
+
+def accumulate_upload(
+    aggregator: Aggregator, decoded: Tensor, *, weight: float, q: float, chosen: bool, estimator: Estimator
+) -> None:
+    """Fold one decoded upload into the round's sums with its coefficient under ``estimator``.
+
+    ``weight`` is the method's ``upload_weight`` (w_i, divided by p_i·q when unbiased); ``q`` is the
+    probability of the upload arriving, times its choice probability q_i when it was ``chosen``
+    after local work. A known arrival probability cancels in the normalised mean; for a chosen
+    upload the normalised estimator adds w_i/q_i (the cohort's weight was counted at the choice).
+
+    >>> agg = WeightedMean(dim=1, normalise=True)
+    >>> accumulate_upload(agg, torch.tensor([4.0]), weight=0.5, q=0.5, chosen=False, estimator="normalised")
+    >>> agg.weighted_sum().tolist(), agg.total_weight
+    ([4.0], 1.0)
+    """
+    if not chosen and q == 1.0:
+        aggregator.accumulate(decoded, weight=weight)
+    elif not chosen:  # a known arrival probability: cancels in the normalised mean
+        aggregator.accumulate(decoded, weight=weight if estimator == "unbiased" else weight / q)
+    else:
+        assert isinstance(aggregator, WeightedMean)
+        if estimator == "normalised":  # w_i/q_i; the cohort's weight was counted at the choice
+            aggregator.accumulate(decoded, weight=weight / q, mass=0.0)
+        else:  # w_i/(p_i q_i): upload_weight divided by the product; no normaliser
+            aggregator.accumulate(decoded, weight=weight)

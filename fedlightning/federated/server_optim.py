@@ -3,7 +3,8 @@
 The server treats the negated aggregate update as a gradient, ``g = −Δ``, so any torch
 optimiser can be a server optimiser: ``SGD(lr=1)`` is FedAvg and ``SGD(lr=1, momentum=β)``
 is FedAvgM. FedAdam, FedYogi and FedAdagrad follow Reddi et al. (arXiv 2003.00295,
-Algorithm 2): no bias correction, adaptivity ``τ``, and ``v_{-1} = τ²``.
+Algorithm 2): no bias correction, adaptivity ``τ``, and ``v_{-1} = τ²``. Methods that set their
+server state have no server optimiser: their Lightning optimiser is :class:`RoundClock`.
 """
 
 from __future__ import annotations
@@ -75,3 +76,13 @@ def FedYogi(params: Iterable[Tensor], **kwargs: float) -> FedOpt:  # noqa: N802
 def FedAdagrad(params: Iterable[Tensor], **kwargs: float) -> FedOpt:  # noqa: N802
     """FedAdagrad (Reddi et al. 2021)."""
     return FedOpt(params, variant="adagrad", **kwargs)  # type: ignore[arg-type]
+
+
+class RoundClock(torch.optim.Optimizer):
+    """The Lightning optimiser of methods that set their server state: a step only counts the round."""
+
+    def __init__(self, params: Iterable[Tensor]) -> None:
+        super().__init__(params, {})
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        return closure() if closure is not None else None
