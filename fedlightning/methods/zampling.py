@@ -49,10 +49,14 @@ The sampled-network evaluation and the parameter-sensitivity study are the callb
 :class:`fedlightning.callbacks.zampling_evaluation.ZamplingEvaluation`, which the method
 adds to every trainer it is fitted or tested with (:meth:`Zampling.configure_callbacks`);
 this module holds the method and the pure maths both use.
+
+On the ``vectorised`` backend a share's clients train at once, their scores stacked
+(:meth:`Zampling.stacked_client_updates`, :mod:`fedlightning.methods.zampling_stacked`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -73,6 +77,7 @@ from fedlightning.federated.message import Bitstream, Message
 from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT
 from fedlightning.federated.params import assign_flat_, num_parameters
 from fedlightning.federated.payloads import Payload
+from fedlightning.methods import zampling_stacked
 from fedlightning.models.zampling import (
     SparseQ,
     ZampledNetwork,
@@ -647,7 +652,7 @@ class Zampling(FederatedModule):
             model=model,
             datamodule=datamodule,
             seed=seed,
-            client_optimizer=client_optimizer or (lambda params: torch.optim.Adam(params, lr=0.1)),
+            client_optimizer=client_optimizer or functools.partial(torch.optim.Adam, lr=0.1),
             **kwargs,
         )
         self.score_estimator = score_estimator(estimator)
@@ -924,15 +929,44 @@ class Zampling(FederatedModule):
             restore()
         if not self.reset_optimizer:
             self.client_state.set(client_id, OPTIMIZER_KEY, done.optimizer.state_dict())
-        p_new = network.probabilities().detach()
-        metrics: dict[str, float] = {EPOCHS_METRIC: float(done.epochs)} if self.local_patience is not None else {}
-        if self.uplink_channel.payload is Payload.BERNOULLI_MASK:
-            upload = bernoulli_draw(p_new, self.generator(round_idx, client_id, "zampling_upload"))
-            metrics[XENT_METRIC] = bernoulli_cross_entropy_bits(upload, p_start) / self.n
-            metrics[RANGE_METRIC] = MaskCodec(model_p=p_start.cpu()).encode(upload).num_bits / self.n
-        else:
-            upload = p_new
+        upload, metrics = self.client_upload(
+            client_id=client_id, round_idx=round_idx, p_new=network.probabilities().detach(), p_start=p_start
+        )
+        if self.local_patience is not None:
+            metrics[EPOCHS_METRIC] = float(done.epochs)
         return ClientResult(upload=upload, num_samples=done.num_samples, loss=done.loss, metrics=metrics)
+
+    def client_upload(
+        self, *, client_id: int, round_idx: int, p_new: Tensor, p_start: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
+        """What a client sends after local training, and its per-client metrics.
+
+        A fresh mask z_new ~ Bernoulli(p_new) from the client's ``zampling_upload`` stream, with
+        its cross-entropy and range-coded length against the received p in bits per entry; or
+        p_new itself where the uplink carries probabilities.
+        """
+        if self.uplink_channel.payload is not Payload.BERNOULLI_MASK:
+            return p_new, {}
+        upload = bernoulli_draw(p_new, self.generator(round_idx, client_id, "zampling_upload"))
+        return upload, {
+            XENT_METRIC: bernoulli_cross_entropy_bits(upload, p_start) / self.n,
+            RANGE_METRIC: MaskCodec(model_p=p_start.cpu()).encode(upload).num_bits / self.n,
+        }
+
+    def stacked_refusal(self) -> str | None:
+        """Why the ``vectorised`` backend cannot train this run's clients at once (``None``: it can).
+
+        :func:`fedlightning.methods.zampling_stacked.stacked_refusal`: one clause naming the config key.
+        """
+        return zampling_stacked.stacked_refusal(self)
+
+    def stacked_client_updates(self, *, round_idx: int, share: list[int], received: Tensor) -> list[ClientResult]:
+        """:meth:`client_update` of every client of ``share`` at once, on the ``vectorised`` backend.
+
+        The K clients' scores stacked as (K, n), each client's masks from its own stream
+        (:mod:`fedlightning.methods.zampling_stacked`, arXiv 2503.14246).
+        """
+        return zampling_stacked.stacked_client_updates(self, round_idx=round_idx, share=share, received=received)
 
     # ------------------------------------------------------------------ evaluation
     def weights_of(self, z: Tensor) -> Tensor:

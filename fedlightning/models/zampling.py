@@ -301,6 +301,30 @@ class SparseQ:
         _kernels().row_rmatvec(*self.row_arrays(), g.contiguous().numpy(), out.numpy())
         return out
 
+    def rmatmat(self, g: Tensor, *, backend: Backend = "auto") -> Tensor:
+        """Qᵀ·g for a batch of B gradients: ``g`` is (B, m), the result (B, n) (float32), row b = Qᵀ·g[b].
+
+        The backward of :meth:`matmat` (the straight-through gradients of B stacked clients). On the
+        compiled kernels each row is :meth:`rmatvec`'s own product; elsewhere one sparse-dense product.
+
+        >>> q = SparseQ(cols=torch.tensor([[0, 2], [1, 2]]), vals=torch.tensor([[1.0, 2.0], [3.0, 4.0]]), n=3)
+        >>> q.rmatmat(torch.tensor([[1.0, 0.0], [0.0, 1.0]])).tolist()
+        [[1.0, 0.0, 2.0], [0.0, 3.0, 4.0]]
+        """
+        if g.dim() != 2 or g.shape[1] != self.m:
+            raise ValueError(
+                f"Q is {self.m} x {self.n}, so a batch of gradients must be (B, {self.m}), not {tuple(g.shape)}."
+            )
+        g = g.detach().to(torch.float32)
+        if not self.compiled(backend):
+            return (self.csr_t @ g.T).T.contiguous()
+        g = g.contiguous()
+        out = torch.empty(g.shape[0], self.n)
+        arrays = self.row_arrays()
+        for b in range(g.shape[0]):
+            _kernels().row_rmatvec(*arrays, g[b].numpy(), out[b].numpy())
+        return out
+
     def free_rmatvec(self, g: Tensor, p: Tensor) -> tuple[Tensor, int]:
         """Qᵀ·g on the free columns (0 < p < 1), 0 elsewhere, and their number (compiled kernel; CPU only).
 
