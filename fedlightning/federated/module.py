@@ -49,7 +49,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -80,7 +80,14 @@ from fedlightning.federated.local import (
     resolved_optimizer_factory,
 )
 from fedlightning.federated.message import Message
-from fedlightning.federated.params import assign_flat_, flat_difference, flat_parameters, num_parameters, set_flat_grad_
+from fedlightning.federated.params import (
+    assign_flat_,
+    flat_difference,
+    flat_parameters,
+    num_parameters,
+    set_flat_grad_,
+    unflatten_like,
+)
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER, torch_generator
 from fedlightning.federated.round_row import log_round_row
@@ -331,6 +338,15 @@ class FederatedModule(RoundContext, HeldOutEvaluation):
         """Loss of one local mini-batch (default: cross-entropy)."""
         return self.loss_fn(model(x), y)
 
+    def local_penalty(self, params: Mapping[str, Tensor], received: Mapping[str, Tensor]) -> Tensor | None:
+        """A term added to every local mini-batch loss, of the client's parameters and the ones it received.
+
+        ``None`` (the default): no term. A pure function of its arguments (e.g. FedProx's
+        (μ/2)‖w − w_t‖²), so every backend adds it: the loop to the model's loss, the vectorised
+        backend inside its batched loss.
+        """
+        return None
+
     def make_client_optimizer(self, params: ParamsT, *, client_id: int, round_idx: int) -> torch.optim.Optimizer:
         """The optimiser of one client in one round (override for per-client step sizes)."""
         factory = self._round_optimizer if self._round_optimizer is not None else self.client_optimizer
@@ -345,11 +361,21 @@ class FederatedModule(RoundContext, HeldOutEvaluation):
         assign_flat_(model, received)
         if not model.training:
             model.train()
+        batch_loss: Callable[[Tensor, Tensor], Tensor] = lambda x, y: self.local_loss(model, x, y)  # noqa: E731
+        if type(self).local_penalty is not FederatedModule.local_penalty:
+            params = dict(model.named_parameters())
+            start = dict(zip(params, unflatten_like(received, params.values()), strict=True))  # views, no copy
+
+            def batch_loss(x: Tensor, y: Tensor) -> Tensor:
+                loss = self.local_loss(model, x, y)
+                penalty = self.local_penalty(params, start)
+                return loss if penalty is None else loss + penalty
+
         done = self.local_train(
             client_id=client_id,
             round_idx=round_idx,
             params=model.parameters(),
-            batch_loss=lambda x, y: self.local_loss(model, x, y),
+            batch_loss=batch_loss,
             after_step=lambda: self.on_local_step_end(model),
         )
         upload = flat_difference(model, received)  # w_k − w, one pass per parameter

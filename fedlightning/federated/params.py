@@ -7,6 +7,8 @@ copy instead.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import Tensor, nn
 
@@ -57,6 +59,17 @@ def set_flat_grad_(params: list[nn.Parameter], flat: Tensor) -> None:
         offset += n
     if offset != flat.numel():
         raise ValueError(f"A pseudo-gradient of {flat.numel()} values does not match {offset} server parameters.")
+
+
+def unflatten_like(flat: Tensor, like: Iterable[Tensor]) -> list[Tensor]:
+    """Views of the flat vector ``flat`` shaped as each tensor of ``like``, in order (no copy).
+
+    >>> [v.tolist() for v in unflatten_like(torch.arange(5.0), [torch.zeros(2, 2), torch.zeros(1)])]
+    [[[0.0, 1.0], [2.0, 3.0]], [4.0]]
+    """
+    shapes = [t.shape for t in like]
+    pieces = torch.split(flat, [s.numel() for s in shapes])
+    return [piece.view(shape) for piece, shape in zip(pieces, shapes, strict=True)]
 
 
 def num_parameters(module: nn.Module) -> int:

@@ -2,6 +2,7 @@
 
 ========================  ============================================================
 ``FedAvg``                McMahan et al. 2017 (with FedOpt server optimisers)
+``FedProx``               Li et al. 2020 (arXiv 1812.06127): a proximal term per client
 ``DCSGD``, ``DIANA``,     Horváth thesis (arXiv 2207.00392), ch. 3–5: compressed SGD,
 ``VRDIANA``               error feedback, DIANA and VR-DIANA
 ``Zampling``,             Local/Federated Zampling and the continuous model
@@ -29,6 +30,7 @@ _EXPORTS = {
     "FedIHT": "fediht",
     "ExtendedFederatedDropout": "fjord",
     "FedPM": "fedpm",
+    "FedProx": "fedprox",
     "FedShuffle": "fedshuffle",
     "FjORD": "fjord",
     "Supermask": "supermask",

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlightning.errors import ConfigError
-from fedlightning.federated.local.base import LocalProgram, LocalTraining, own_local_work
+from fedlightning.federated.local.base import LocalProgram, LocalTraining, engine_base, own_local_work
 from fedlightning.federated.local.loop import LoopRunner
 from fedlightning.federated.local.steps import in_place_step, sgd_step_
 from fedlightning.models.linear import LogisticRegression
@@ -322,6 +322,8 @@ class FusedRunner(LoopRunner):
         own = own_local_work(type(module), owner, module.local_work_hooks, "the engine's cross-entropy steps")
         if own:
             return own
+        if own_local_work(type(module), engine_base(type(module)), ("local_penalty",), ""):
+            return "its local loss adds a term (local_penalty) that the hand-taken steps do not differentiate"
         if not owner.hand_stepped:  # type: ignore[attr-defined]
             if module.max_grad_norm is not None:
                 return "method.max_grad_norm clips each gradient"

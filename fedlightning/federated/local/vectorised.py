@@ -27,7 +27,7 @@ sequential backends are as fast.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from fedlightning.errors import ConfigError
 from fedlightning.federated.local.base import ClientResult, ClientRunner, engine_base, own_local_work
 from fedlightning.federated.local.stacked_optim import StackedOptimizer, refusal, stacked_optimizer
+from fedlightning.federated.params import unflatten_like
 
 if TYPE_CHECKING:
     from fedlightning.federated.module import FederatedModule
@@ -99,6 +100,7 @@ def train_stacked(
     optimizer: StackedOptimizer,
     task: str,
     max_grad_norm: float | None,
+    penalty: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], Tensor | None] | None = None,
 ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """Local SGD of K clients at once from the same ``start`` parameters.
 
@@ -110,6 +112,8 @@ def train_stacked(
         optimizer: the client optimiser, stacked (fresh: no client has stepped yet).
         task: ``classification`` (cross-entropy) or ``regression`` (squared error).
         max_grad_norm: per-client clipping of each step's gradient (as ``clip_grad_norm_``).
+        penalty: a term of (a client's parameters, ``start``) added to every client's batch loss
+            (the method's ``local_penalty``, e.g. FedProx's proximal term).
 
     Returns:
         The final stacked parameters (name -> (K, ...)), each client's first-step loss (K,)
@@ -130,7 +134,9 @@ def train_stacked(
     def client_loss(p: dict[str, Tensor], xb: Tensor, yb: Tensor, mb: Tensor, count: Tensor) -> Tensor:
         out = torch.func.functional_call(model, p, (xb,))
         per = loss_fn(out, yb)
-        return (per * mb).sum() / count
+        loss = (per * mb).sum() / count
+        extra = penalty(p, start) if penalty is not None else None
+        return loss if extra is None else loss + extra
 
     batched = torch.func.vmap(client_loss)
     loss_sum = torch.zeros(k, device=device)
@@ -248,8 +254,7 @@ class VectorisedRunner(ClientRunner):
             return
         model = module.client_model
         named = dict(model.named_parameters())
-        pieces = torch.split(start_vector, [p.numel() for p in named.values()])
-        start = {n: piece.reshape(p.shape) for (n, p), piece in zip(named.items(), pieces, strict=True)}
+        start = dict(zip(named, unflatten_like(start_vector, named.values()), strict=True))
         xs, ys, offsets, schedules = [], [], [], []
         total = 0
         for client_id in share:
@@ -268,7 +273,8 @@ class VectorisedRunner(ClientRunner):
         x_all = dm.transform(torch.cat(xs)) if hasattr(dm, "transform") else torch.cat(xs)
         optimizer = stacked_optimizer(module.round_client_optimizer)
         assert optimizer is not None, "refusal() was not asked"
-        if own_local_work(type(module), engine_base(type(module)), ("make_client_optimizer",), ""):
+        base = engine_base(type(module))
+        if own_local_work(type(module), base, ("make_client_optimizer",), ""):
             optimizer.set_client_lr(client_rates(module, share=share, round_idx=round_idx))
         final, first_loss, mean_loss = train_stacked(
             model=model,
@@ -279,6 +285,7 @@ class VectorisedRunner(ClientRunner):
             optimizer=optimizer,
             task=module.task,
             max_grad_norm=module.max_grad_norm,
+            penalty=module.local_penalty if own_local_work(type(module), base, ("local_penalty",), "") else None,
         )
         uploads = torch.cat([final[n].reshape(len(share), -1) for n in named], dim=1) - start_vector
         took = torch.tensor([len(b) > 0 for b in schedules], device=first_loss.device)
