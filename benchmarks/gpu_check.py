@@ -7,7 +7,9 @@
    every ``gpu`` test skips.
 2. ``device``: Python, torch, Lightning and CUDA versions, whether CUDA is available, and each
    device's name and memory.
-3. ``benchmarks``: :func:`run_benchmarks` (skipped, with its reason, without CUDA).
+3. ``benchmarks``: :func:`run_benchmarks` (skipped, with its reason, without CUDA): FedAvg on
+   MNIST ``mnistfc`` per round on CUDA and on the CPU, and Federated Zampling at the S1 shape
+   (m/n = 32, d = 10) per round on the ``loop`` and ``vectorised`` backends of the same GPU.
 
 The JSON is written even when a part fails. The exit status is 1 when a test failed or errored
 (or pytest could not run), else 0, so a machine without CUDA exits 0. Needs no ``fedlightning``
@@ -148,7 +150,7 @@ def round_seconds(folder: Path) -> list[float]:
 # ---------------------------------------------------------------- GPU benchmarks
 # The hook for GPU throughput benchmarks: each adds its entry to the dictionary run_benchmarks returns.
 
-RECORDED_KEYS = ("local_execution", "vectorised_cohort", "fused_local_step", "threads")  # recorded where present
+RECORDED_KEYS = ("local_execution", "threads")  # recorded where present
 
 
 def run_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
@@ -193,8 +195,24 @@ def run_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
             **legs,
             "speedup_cpu_over_gpu": cpu["median_round_s"] / gpu["median_round_s"],
             "same_uplink_bits": gpu["comm/uplink_bits_total"] == cpu["comm/uplink_bits_total"],
-        }
+        },
+        "zampling_s1_loop_vs_vectorised": zampling_backends(args, root),
     }
+
+
+def zampling_backends(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Federated Zampling at the S1 shape on CUDA, loop against vectorised (``benchmarks/zampling_vectorised.py``).
+
+    Run in its own process; its JSON (medians, every round, ``loop_over_vectorised``) is returned.
+    """
+    out = args.runs_dir / "zampling_vectorised.json"
+    script = Path(__file__).with_name("zampling_vectorised.py")
+    command = [sys.executable, str(script), "--device", "cuda", "--rounds", str(args.rounds)]
+    command += ["--data-root", str(root), "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not out.is_file():
+        return {"error": f"exit {done.returncode}: {done.stderr[-2000:]}"}
+    return dict(json.loads(out.read_text()))
 
 
 # ---------------------------------------------------------------- command
