@@ -190,7 +190,11 @@ def test_default_eflops_is_served_by_the_stacked_clients() -> None:
             r"method\.log_alpha_lr=-1\.0 makes the gates' optimiser unstackable: .* rejected by torch",
         ),
         ((), {"datamodule": _AugmentedDigits(num_clients=CLIENTS, seed=0)}, r"data: _AugmentedDigits augments"),
-        ((), {"model": _dropout_mlp()}, r"model: the network's Dropout layers draw random masks in training, unlike"),
+        (
+            (),
+            {"model": _dropout_mlp()},
+            r"model: its Dropout layers draw from the global random stream, unlike the stacked clients",
+        ),
     ],
     ids=["regrow", "amsgrad", "negative_log_alpha_lr", "augmenting_data", "dropout_model"],
 )

@@ -205,3 +205,12 @@ def test_fedshuffle_family_on_the_vectorised_backend_equals_the_loop(
     assert not torch.equal(sequential, flat_parameters(_gn_model()))
     assert torch.allclose(vectorised, sequential, rtol=1e-4, atol=2e-6), (vectorised - sequential).abs().max()
     assert loss_v == pytest.approx(loss_s, rel=1e-5)
+
+
+def test_the_vectorised_backend_refuses_a_model_with_dropout_whose_masks_the_loop_draws_globally() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 10))
+    module = FedAvg(model=model, datamodule=DigitsDataModule(num_clients=3, seed=0))
+    assert VectorisedRunner().refusal(module) == (
+        "model: its Dropout layers draw from the global random stream, unlike the stacked clients"
+    )

@@ -187,7 +187,10 @@ REFUSALS: dict[str, tuple[Any, str]] = {
         lambda dm, **o: _zampling(dm, _OwnLoss, **o),
         r"its local work is its own \(local_loss\), not Zampling's stacked local work",
     ),
-    "dropout_model": (_dropout_zampling, r"model: its Dropout layer draws from the global random stream"),
+    "dropout_model": (
+        _dropout_zampling,
+        r"model: its Dropout layers draw from the global random stream, unlike the stacked clients",
+    ),
 }
 
 
@@ -215,7 +218,9 @@ def test_vectorised_zampling_refuses_a_loss_other_than_plain_cross_entropy_and_a
     )
     augmenting = _Augmenting(num_clients=2, seed=0)
     augmenting.setup("fit")
-    assert VectorisedRunner().refusal(_zampling(augmenting)) == "data: _Augmenting augments each batch randomly"
+    assert VectorisedRunner().refusal(_zampling(augmenting)) == (
+        "data: _Augmenting augments each batch randomly, which the stacked clients do not reproduce"
+    )
 
 
 def test_fedpm_and_supermask_share_zamplings_stacked_local_work() -> None:

@@ -33,13 +33,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.func import functional_call
 
 from fedlightning.federated.local.base import ClientResult
 from fedlightning.federated.local.stacked_optim import StackedOptimizer, stacked_optimizer
 from fedlightning.federated.local.stacked_optim import refusal as optimiser_refusal
-from fedlightning.federated.local.vectorised import plan_steps
+from fedlightning.federated.local.vectorised import per_sample_loss, randomness_refusal, share_data
 from fedlightning.models.hard_concrete import uniform_noise
 
 if TYPE_CHECKING:
@@ -82,20 +82,7 @@ def stacked_refusal(method: EFLoPS) -> str | None:
     why = optimiser_refusal(gate_optimizer_factory(factory, method.log_alpha_lr))
     if why:
         return f"method.log_alpha_lr={method.log_alpha_lr} makes the gates' optimiser unstackable: {why.rstrip('.')}"
-    dm = type(method.datamodule)
-    if len([c for c in dm.__mro__ if "augment" in vars(c)]) > 1:  # its own augment overrides the base's identity
-        return f"data: {dm.__name__} augments each batch randomly, which the stacked clients do not reproduce"
-    dropout = [type(m).__name__ for m in method.client_model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
-    if dropout:
-        return f"model: the network's {dropout[0]} layers draw random masks in training, unlike the stacked clients"
-    return None
-
-
-def _per_sample_loss(task: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """The engine's loss of the task, per sample (cross-entropy, or squared error on (B,) targets)."""
-    if task == "classification":
-        return lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
-    return lambda out, y: (out.reshape(y.shape) - y) ** 2
+    return randomness_refusal(method)
 
 
 def _rows(values: Tensor, like: Tensor) -> Tensor:
@@ -117,24 +104,13 @@ def stacked_client_updates(method: EFLoPS, *, round_idx: int, share: list[int], 
     k = len(share)
 
     # Each client's batches, drawn as the loop draws them, padded into one plan.
-    xs, ys, offsets, schedules = [], [], [], []
-    total = 0
-    for client_id in share:
-        x, y = method.client_data(client_id)
-        batches = list(method.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)))
-        if method.cuts_local_steps:  # e.g. stragglers: at most a budget of the planned steps
-            budget = method.local_step_budget(client_id=client_id, round_idx=round_idx, planned=len(batches))
-            batches = batches[:budget]
-        xs.append(x)
-        ys.append(y)
-        offsets.append(total)
-        schedules.append(batches)
-        total += len(y)
+    data = share_data(method, share=share, round_idx=round_idx)
+    xs, ys = data.x, data.y
     dm = method.datamodule
     x_all = torch.cat(xs)
     x_all = dm.transform(x_all) if hasattr(dm, "transform") else x_all  # the base class's augment: transform only
     y_all = torch.cat(ys)
-    plan = plan_steps(schedules, offsets, method.batch_size)
+    plan = data.plan(method.batch_size)
     index, mask = plan.index.to(device), plan.mask.to(device)
     active = plan.active.to(device)  # (plan.active stays on the host for the optimisers)
     counts = mask.sum(dim=2).clamp(min=1).to(torch.float32)
@@ -158,7 +134,7 @@ def stacked_client_updates(method: EFLoPS, *, round_idx: int, share: list[int], 
     screening = method.off_support_gates in ("closed", "regrow") and round_idx < 1
     nonnegative = method.constraint == "inequality"
     penalty, equality = method.penalty, method.constraint == "equality"
-    loss_fn = _per_sample_loss(method.task)
+    loss_fn = per_sample_loss(method.task)
     hc = method.hc
 
     def client_loss(

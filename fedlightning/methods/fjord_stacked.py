@@ -46,7 +46,7 @@ from fedlightning.datamodules.base import FederatedDataModule
 from fedlightning.federated.local.base import ClientResult
 from fedlightning.federated.local.stacked_optim import refusal as optimizer_refusal
 from fedlightning.federated.local.stacked_optim import stacked_optimizer
-from fedlightning.federated.local.vectorised import plan_steps
+from fedlightning.federated.local.vectorised import share_data
 from fedlightning.models.ordered_dropout import (
     CharLSTMArchitecture,
     ODArchitecture,
@@ -179,19 +179,9 @@ def stacked_client_updates(
         starts = [r.to(device) for r in received_by_client]
 
     # each client's data, batches and sub-model draws
-    xs, ys, offsets, schedules = [], [], [], []
-    total = 0
-    for cid in share:
-        x, y = method.client_data(cid)
-        batches = list(method.client_batches(client_id=cid, round_idx=round_idx, num_samples=len(y)))
-        if method.cuts_local_steps:  # e.g. stragglers: at most a budget of the planned steps
-            batches = batches[: method.local_step_budget(client_id=cid, round_idx=round_idx, planned=len(batches))]
-        xs.append(x)
-        ys.append(y)
-        offsets.append(total)
-        schedules.append(batches)
-        total += len(y)
-    plan = plan_steps(schedules, offsets, method.batch_size)
+    data = share_data(method, share=share, round_idx=round_idx)
+    xs, ys, schedules = data.x, data.y, data.schedules
+    plan = data.plan(method.batch_size)
     units: dict[UnitsKey, list[Tensor]] = {}
     draws = [_draws(method, cid, round_idx, len(b), units) for cid, b in zip(share, schedules, strict=True)]
     dm = method.datamodule

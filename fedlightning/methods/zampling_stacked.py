@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from fedlightning.federated.local.base import ClientResult
 from fedlightning.federated.local.stacked_optim import StackedOptimizer, refusal, stacked_optimizer
-from fedlightning.federated.local.vectorised import StepPlan, plan_steps
+from fedlightning.federated.local.vectorised import StepPlan, randomness_refusal, share_data
 from fedlightning.models.zampling import SparseQ, ZampledNetwork, bernoulli_draw
 
 if TYPE_CHECKING:
@@ -64,13 +64,7 @@ def stacked_refusal(method: Zampling) -> str | None:
     loss = method.loss_fn
     if type(loss) is not nn.CrossEntropyLoss or loss.weight is not None or loss.label_smoothing:
         return "its loss is not the plain cross-entropy of a classification task (data.task)"
-    dm = type(method.datamodule)
-    if len([c for c in dm.__mro__ if "augment" in vars(c)]) > 1:  # its own augment overrides the base's identity
-        return f"data: {dm.__name__} augments each batch randomly"
-    dropout = [type(m).__name__ for m in method.client_model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
-    if dropout:
-        return f"model: its {dropout[0]} layer draws from the global random stream"
-    return None
+    return randomness_refusal(method)
 
 
 @dataclass(frozen=True)
@@ -181,19 +175,8 @@ def stacked_client_updates(
     p_start = method.effective_p(received)
     estimator = method.score_estimator
     method.client_model.train()
-    xs, ys, offsets, schedules = [], [], [], []
-    total = 0
-    for client_id in share:
-        x, y = method.client_data(client_id)
-        batches = list(method.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)))
-        if method.cuts_local_steps:  # e.g. stragglers: at most a budget of the planned steps
-            planned = len(batches)
-            batches = batches[: method.local_step_budget(client_id=client_id, round_idx=round_idx, planned=planned)]
-        xs.append(x)
-        ys.append(y)
-        offsets.append(total)
-        schedules.append(batches)
-        total += len(y)
+    data = share_data(method, share=share, round_idx=round_idx)
+    xs, ys, schedules = data.x, data.y, data.schedules
     x_all = method.datamodule.transform(torch.cat(xs))  # each batch's augment: the base's, transform alone
     optimizer = stacked_optimizer(method.round_client_optimizer)
     assert optimizer is not None, "stacked_refusal() was not asked"
@@ -205,7 +188,7 @@ def stacked_client_updates(
         start=estimator.score(p_start),
         x=x_all,
         y=torch.cat(ys),
-        plan=plan_steps(schedules, offsets, method.batch_size),
+        plan=data.plan(method.batch_size),
         optimizer=optimizer,
         generators=[method.generator(round_idx, client_id, "zampling_mask") for client_id in share],
         max_grad_norm=method.max_grad_norm,

@@ -43,11 +43,15 @@ if TYPE_CHECKING:
     from fedlightning.federated.module import FederatedModule
 
 __all__ = [
+    "ShareData",
     "StackedLocalWork",
     "StepPlan",
     "VectorisedRunner",
     "client_rates",
+    "per_sample_loss",
     "plan_steps",
+    "randomness_refusal",
+    "share_data",
     "stacked_work_owner",
     "train_stacked",
 ]
@@ -84,7 +88,8 @@ def plan_steps(schedules: Sequence[Sequence[Tensor]], offsets: Sequence[int], ba
     return StepPlan(index=index, mask=mask, active=active, steps=active.sum(dim=1))
 
 
-def _per_sample_loss(task: str) -> Callable[[Tensor, Tensor], Tensor]:
+def per_sample_loss(task: str) -> Callable[[Tensor, Tensor], Tensor]:
+    """The engine's loss of the task, per sample (cross-entropy, or squared error on (B,) targets)."""
     if task == "classification":
         return lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")
     return lambda out, y: (out.reshape(y.shape) - y) ** 2
@@ -122,7 +127,7 @@ def train_stacked(
     k, steps, _ = plan.index.shape
     names = list(start)
     params = {n: start[n].detach().unsqueeze(0).expand(k, *start[n].shape).clone() for n in names}
-    loss_fn = _per_sample_loss(task)
+    loss_fn = per_sample_loss(task)
     device = x.device
     index, mask, active = (
         plan.index.to(device),
@@ -190,6 +195,55 @@ def stacked_work_owner(cls: type) -> type | None:
     return None
 
 
+@dataclass(frozen=True)
+class ShareData:
+    """A share's data as the loop would train it: each client's tensors and its own batch plan.
+
+    Attributes:
+        x, y: each client's features and targets, in share order (on the module's device).
+        schedules: each client's index batches from its own stream, cut to its step budget.
+        offsets: where each client's samples start in the concatenated data.
+    """
+
+    x: list[Tensor]
+    y: list[Tensor]
+    schedules: list[list[Tensor]]
+    offsets: list[int]
+
+    def plan(self, batch_size: int) -> StepPlan:
+        """The padded plan of the share (:func:`plan_steps`)."""
+        return plan_steps(self.schedules, self.offsets, batch_size)
+
+
+def share_data(module: FederatedModule, *, share: list[int], round_idx: int) -> ShareData:
+    """Each client's data and batches, drawn exactly as the loop draws them (budgets of stragglers included)."""
+    xs, ys, schedules, offsets = [], [], [], []
+    total = 0
+    for client_id in share:
+        x, y = module.client_data(client_id)
+        batches = list(module.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)))
+        if module.cuts_local_steps:  # e.g. stragglers: at most a budget of the planned steps
+            budget = module.local_step_budget(client_id=client_id, round_idx=round_idx, planned=len(batches))
+            batches = batches[:budget]
+        xs.append(x)
+        ys.append(y)
+        schedules.append(batches)
+        offsets.append(total)
+        total += len(y)
+    return ShareData(x=xs, y=ys, schedules=schedules, offsets=offsets)
+
+
+def randomness_refusal(module: FederatedModule) -> str | None:
+    """Why the stacked clients would not draw what the loop draws: data that augments, or dropout layers."""
+    dm = type(module.datamodule)
+    if len([c for c in dm.__mro__ if "augment" in vars(c)]) > 1:  # its own augment overrides the base's identity
+        return f"data: {dm.__name__} augments each batch randomly, which the stacked clients do not reproduce"
+    dropout = [type(m).__name__ for m in module.client_model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+    if dropout:
+        return f"model: its {dropout[0]} layers draw from the global random stream, unlike the stacked clients"
+    return None
+
+
 def client_rates(module: FederatedModule, *, share: list[int], round_idx: int) -> list[float]:
     """Each client's learning rate, read from the method's own ``make_client_optimizer``.
 
@@ -233,9 +287,9 @@ class VectorisedRunner(ClientRunner):
         own = own_local_work(type(module), engine_base(type(module)), hooks, "the engine's local SGD")
         if own:
             return own
-        dm = type(module.datamodule)
-        if len([c for c in dm.__mro__ if "augment" in vars(c)]) > 1:  # its own augment overrides the base's identity
-            return f"{dm.__name__} augments each batch randomly"
+        why = randomness_refusal(module)
+        if why:
+            return why
         why = refusal(module.round_client_optimizer)
         return why.rstrip(".") or None
 
@@ -255,22 +309,9 @@ class VectorisedRunner(ClientRunner):
         model = module.client_model
         named = dict(model.named_parameters())
         start = dict(zip(named, unflatten_like(start_vector, named.values()), strict=True))
-        xs, ys, offsets, schedules = [], [], [], []
-        total = 0
-        for client_id in share:
-            x, y = module.client_data(client_id)
-            batches = list(module.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)))
-            if module.cuts_local_steps:  # e.g. stragglers: at most a budget of the planned steps
-                batches = batches[
-                    : module.local_step_budget(client_id=client_id, round_idx=round_idx, planned=len(batches))
-                ]
-            xs.append(x)
-            ys.append(y)
-            offsets.append(total)
-            schedules.append(batches)
-            total += len(y)
+        data = share_data(module, share=share, round_idx=round_idx)
         dm = module.datamodule
-        x_all = dm.transform(torch.cat(xs)) if hasattr(dm, "transform") else torch.cat(xs)
+        x_all = dm.transform(torch.cat(data.x)) if hasattr(dm, "transform") else torch.cat(data.x)
         optimizer = stacked_optimizer(module.round_client_optimizer)
         assert optimizer is not None, "refusal() was not asked"
         base = engine_base(type(module))
@@ -280,15 +321,15 @@ class VectorisedRunner(ClientRunner):
             model=model,
             start=start,
             x=x_all,
-            y=torch.cat(ys),
-            plan=plan_steps(schedules, offsets, module.batch_size),
+            y=torch.cat(data.y),
+            plan=data.plan(module.batch_size),
             optimizer=optimizer,
             task=module.task,
             max_grad_norm=module.max_grad_norm,
             penalty=module.local_penalty if own_local_work(type(module), base, ("local_penalty",), "") else None,
         )
         uploads = torch.cat([final[n].reshape(len(share), -1) for n in named], dim=1) - start_vector
-        took = torch.tensor([len(b) > 0 for b in schedules], device=first_loss.device)
+        took = torch.tensor([len(b) > 0 for b in data.schedules], device=first_loss.device)
         module.record_start_losses(first_loss[took])  # the received model's loss on each client's first batch
         for k, client_id in enumerate(share):
-            yield client_id, ClientResult(upload=uploads[k], num_samples=len(ys[k]), loss=mean_loss[k])
+            yield client_id, ClientResult(upload=uploads[k], num_samples=len(data.y[k]), loss=mean_loss[k])
