@@ -106,7 +106,7 @@ def _random_messages(module: EFLoPS, gen: torch.Generator, count: int) -> torch.
     for _ in range(count):
         log_alpha = torch.randn(module.dim, generator=gen) * 3
         theta = torch.randn(module.dim, generator=gen)
-        rows.append(module._message(theta, log_alpha, torch.randn(1, generator=gen)))
+        rows.append(module.upload_message(theta, log_alpha, torch.randn(1, generator=gen)))
     return torch.stack(rows)
 
 
@@ -306,7 +306,7 @@ def test_message_regrow_rebuild_and_final_support_share_the_allocation(
     module = _linear_module(support_allocation, off_support_gates="regrow")
     assert module.m == 2 and module.support_budgets == ([2] if support_allocation == "global" else [1, 1])
     theta, log_alpha = torch.tensor([3.0, 2.0, 0.1, 0.5, 0.2]), torch.zeros(5)
-    sent = unpack_gate_state(module._message(theta, log_alpha, torch.tensor(0.0)))[2]
+    sent = unpack_gate_state(module.upload_message(theta, log_alpha, torch.tensor(0.0)))[2]
     assert torch.nonzero(sent).flatten().tolist() == support
     for final_support in ("top_m", "test_gate"):
         module.final_support = final_support

@@ -274,6 +274,7 @@ def test_dcsgd_balances_the_samples_its_one_gradient_reads(full_gradient: bool) 
 STATELESS_METHODS = {
     "fedavg": [],
     "fedadam": [],
+    "fedprox": [],
     "fedavg_prune": [],
     "fediht": [],
     "dcsgd": ["model=digits_logreg"],

@@ -50,6 +50,7 @@ OWN_CODEC: dict[str, tuple[str, int | None]] = {
         m: ("float32", 32 * PARAMS)
         for m in (
             *("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "dcsgd", "diana", "vr_diana", "fedavg_prune"),
+            "fedprox",
             *("fedshuffle", "fednova", "fedavg_epochs", "fedavg_min", "fedavg_mean"),
         )
     },
@@ -72,7 +73,7 @@ SHARED_PATH = (
     "eflops_cnn",
     *("fjord_smallest", "efd"),
     *("fednova", "fedavg_epochs", "fedavg_min", "fedavg_mean"),
-    *("fedavgm", "fedadam", "fedyogi", "fedadagrad"),
+    *("fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox"),
 )
 FAST_PAIRS = {m: {"none", "natural", "top_k_ef"} for m in SHARED_PATH}
 PAIRS = [

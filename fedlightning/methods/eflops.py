@@ -728,7 +728,8 @@ class EFLoPS(FederatedModule):
             return allocated_top_m_mask(scores, self.support_budgets, self.group_sizes)
         return nonzero_top_m_mask(scores, self.m)
 
-    def _message(self, theta: Tensor, log_alpha: Tensor, lagrange: Tensor) -> Tensor:
+    def upload_message(self, theta: Tensor, log_alpha: Tensor, lagrange: Tensor) -> Tensor:
+        """The gate-state message of (θ̃, log α, λ): the top-m support, its values and gate probabilities."""
         support = self.support_mask(self.selection_scores(theta, log_alpha))
         pi = self.hc.prob_nonzero(log_alpha)
         pi_off = off_support_means(pi, support, self.group_sizes, self.pi_min) if self.num_groups else None
@@ -748,7 +749,7 @@ class EFLoPS(FederatedModule):
         return [*self.model.parameters(), self.log_alpha, self.lagrange]
 
     def broadcast_state(self, round_idx: int) -> Tensor:
-        return self._message(flat_parameters(self.model), self.log_alpha.detach(), self.lagrange.detach())
+        return self.upload_message(flat_parameters(self.model), self.log_alpha.detach(), self.lagrange.detach())
 
     def make_aggregator(self, round_idx: int) -> GatedUploadSums:
         return GatedUploadSums(
@@ -790,7 +791,8 @@ class EFLoPS(FederatedModule):
         }
 
     # ------------------------------------------------------------------ client
-    def _rebuild_client(self, received: Tensor, round_idx: int = 1) -> tuple[Tensor, Tensor, float]:
+    def client_start(self, received: Tensor, round_idx: int = 1) -> tuple[Tensor, Tensor, float]:
+        """A client's starting (θ̃, log α, λ) rebuilt from the received gate-state message."""
         theta_s, pi, support, pi_off, lam = unpack_gate_state(received, self.num_groups)
         theta_init: Tensor = self.theta_init  # type: ignore[assignment]  # a registered buffer
         off = theta_init.to(received.device) if self.off_support == "init" else torch.zeros_like(theta_s)
@@ -803,7 +805,7 @@ class EFLoPS(FederatedModule):
     def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
         """Local primal steps on (θ̃, log α) by :meth:`local_train`, dual ascent on λ after each step."""
         model = self.client_model
-        theta, log_alpha0, lam = self._rebuild_client(received, round_idx)
+        theta, log_alpha0, lam = self.client_start(received, round_idx)
         assign_flat_(model, theta)
         model.train()
         log_alpha = log_alpha0.clone().requires_grad_(True)
@@ -880,7 +882,7 @@ class EFLoPS(FederatedModule):
                 float(done.optimizer.param_groups[0]["lr"]),
                 self.log_alpha_init,
             )
-        upload = self._message(theta_out, log_alpha_out, torch.tensor(local.lagrange))
+        upload = self.upload_message(theta_out, log_alpha_out, torch.tensor(local.lagrange))
         density = float(local.density) if local.density is not None else float("nan")
         return ClientResult(
             upload=upload,

@@ -116,7 +116,7 @@ def stacked_client_updates(method: EFLoPS, *, round_idx: int, share: list[int], 
     counts = mask.sum(dim=2).clamp(min=1).to(torch.float32)
 
     # The received state, as every client rebuilds it, stacked over the share.
-    theta0, log_alpha0, lam0 = method._rebuild_client(received, round_idx)
+    theta0, log_alpha0, lam0 = method.client_start(received, round_idx)
     params = {
         n: piece.reshape(p.shape).unsqueeze(0).expand(k, *p.shape).clone().requires_grad_(True)
         for (n, p), piece in zip(named.items(), torch.split(theta0, sizes), strict=True)
@@ -198,7 +198,7 @@ def stacked_client_updates(method: EFLoPS, *, round_idx: int, share: list[int], 
     lams, densities = lagrange.tolist(), density.tolist()
     results = []
     for c in range(k):
-        upload = method._message(theta[c], gates_out[c], torch.tensor(lams[c]))
+        upload = method.upload_message(theta[c], gates_out[c], torch.tensor(lams[c]))
         metrics: dict[str, Any] = {"eflops/local_density": densities[c]}
         loss = data_sum[c] / max(steps[c], 1)
         results.append(ClientResult(upload=upload, num_samples=len(ys[c]), loss=loss, metrics=metrics))
