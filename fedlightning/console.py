@@ -150,12 +150,22 @@ class RoundProgressBar(TQDMProgressBar):
         # One epoch of the round loader is the whole run: the bar counts rounds.
         self.train_progress_bar = self.init_train_tqdm()
 
+    def _round_bar(self) -> Tqdm:
+        """The round bar, made on first use: a run resumed mid-epoch gets no ``on_train_epoch_start``."""
+        if self._train_progress_bar is None:
+            self.train_progress_bar = self.init_train_tqdm()
+        return self.train_progress_bar
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, *_: Any) -> None:
+        self._round_bar()  # before the round's step, so the bar starts at the checkpoint's round
+
     @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        bar = self.train_progress_bar
-        if bar is None or bar.disable:
+        bar = self._round_bar()
+        if bar.disable:
             return
         if self._should_update(trainer.global_step, trainer.max_steps):
             bar.n = trainer.global_step
@@ -163,10 +173,16 @@ class RoundProgressBar(TQDMProgressBar):
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.train_progress_bar.disable:
-            self.train_progress_bar.n = trainer.global_step
-            self.train_progress_bar.set_description_str(self._text(trainer), refresh=True)
-        self.train_progress_bar.close()
+        bar = self._round_bar()
+        if not bar.disable:
+            bar.n = trainer.global_step
+            bar.set_description_str(self._text(trainer), refresh=True)
+        bar.close()
+
+    @override
+    def on_train_end(self, *_: Any) -> None:
+        if self._train_progress_bar is not None:
+            self._train_progress_bar.close()
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

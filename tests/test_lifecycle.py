@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -143,6 +144,22 @@ def test_killed_run_run_again_equals_the_uninterrupted_run(method: str, tmp_path
     assert not (tmp_path / "resumed" / "summary.json").exists()
     summary = run(cfg, tmp_path / "resumed")
     assert summary["resumed_from_round"] == round_idx
+    _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
+
+
+@pytest.mark.parametrize("method", ["fedavg", "top_k_error_feedback", "federated_zampling"])
+def test_a_killed_run_resumes_with_the_progress_bar_on(
+    method: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Lightning skips on_train_epoch_start when it restarts mid-epoch: the bar is made on first use.
+    cfg = compose_config([*RUN, *METHODS[method], "trainer.enable_progress_bar=true"])
+    assert cfg.trainer.enable_progress_bar
+    run(cfg, tmp_path / "straight")
+    _killed(cfg, tmp_path / "resumed", round_idx=2, where="mid_round")
+    capsys.readouterr()
+    assert run(cfg, tmp_path / "resumed")["resumed_from_round"] == 2
+    shown = capsys.readouterr().out
+    assert "round 2/4" in shown and f"round {ROUNDS}/{ROUNDS}" in shown and "round 1/4" not in shown
     _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
 
 
@@ -372,12 +389,23 @@ class _WritesMarker:
         return (Path.touch, (self.marker,))
 
 
+class _RunsCommand:
+    """Unpickling this runs ``touch marker`` in a shell (torch names the refused global otherwise)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.command = f"touch {shlex.quote(str(marker))}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (self.command,))
+
+
+@pytest.mark.parametrize("payload", [_WritesMarker, _RunsCommand])
 def test_a_crafted_checkpoint_runs_no_code_even_when_torch_is_told_to_unpickle(
-    finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    payload: Callable[[Path], object], finished: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     marker = tmp_path / "code-ran"
     checkpoint = torch.load(finished / "checkpoints/last.ckpt", weights_only=True)
-    checkpoint["callbacks"] = {"evil": _WritesMarker(marker)}
+    checkpoint["callbacks"] = {"evil": payload(marker)}
     crafted = _torch_save(tmp_path / "crafted.ckpt", checkpoint)
     torch.load(crafted, weights_only=False)  # the file is live: a full unpickle runs its code
     assert marker.exists()
