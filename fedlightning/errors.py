@@ -15,3 +15,7 @@ class NonFiniteLossError(FedLightningError, FloatingPointError):
 
 class MessageDecodeError(FedLightningError, ValueError):
     """A message's bytes are not a valid stream of its codec; the message names the codec and the fault."""
+
+
+class UnreadableStateError(FedLightningError, RuntimeError):
+    """A spilled client-state file is not what the run wrote (damaged, or not only tensors and plain containers)."""

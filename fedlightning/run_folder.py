@@ -210,7 +210,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         checkpoint = safe_torch_load(path)
     except Exception as exc:  # torch raises many types for a damaged file
         text = str(exc)
-        if "Unsupported global" in text:  # the weights-only unpickler refused to import something
+        if "unsupported global" in text.lower():  # the weights-only unpickler refused to import something
             raise UnreadableCheckpointError(
                 "holds objects other than tensors and plain containers, which are not loaded "
                 "(unpickling them could run code)"

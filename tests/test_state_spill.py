@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 import torch
 
+import fedlightning
+from fedlightning.errors import UnreadableStateError
 from fedlightning.federated.state import ClientStateStore, state_bytes
 from fedlightning.run import run
 
 from .conftest import compose_config
-from .test_lifecycle import _assert_same_run, _killed
+from .test_lifecycle import _assert_same_run, _killed, _RunsCommand
 
 
 def _store(tmp_path: Path, budget: int | None) -> ClientStateStore:
@@ -68,6 +71,51 @@ def test_retain_and_close_remove_the_spill_files(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "spill").glob("*/*.pt")) == ["0.pt", "2.pt"]
     store.close()
     assert list((tmp_path / "spill").iterdir()) == []
+
+
+def test_a_spill_file_replaced_by_one_that_runs_code_is_refused_with_one_sentence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(tmp_path, budget=0)
+    store.enforce_budget()
+    (spilled,) = (tmp_path / "spill").glob("*/1.pt")
+    marker = tmp_path / "code-ran"
+    torch.save({"memory": _RunsCommand(marker)}, spilled)  # unpickling it runs `touch marker`
+    torch.load(spilled, weights_only=False)  # the file is live: a full unpickle runs its code
+    assert marker.exists()
+    marker.unlink()
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    for read in (lambda: store.get(1, "memory"), store.state_dict):
+        with pytest.raises(UnreadableStateError) as info:
+            read()
+        text = str(info.value)
+        assert text.startswith(f"The spilled client state {spilled} ") and "\n" not in text
+        assert "holds objects other than tensors and plain containers" in text
+        assert text.endswith("run the same command again to resume from the run's last checkpoint.")
+        assert not marker.exists()
+    assert torch.equal(store.get(2, "memory"), torch.full((3,), 2.0))  # the other files still read
+
+
+def _unsafe_loads(path: Path) -> list[str]:
+    """``torch.load`` calls without ``weights_only=True``, and ``pickle.load``/``pickle.loads`` uses, in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        where = f"{path}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.ImportFrom) and node.module == "pickle":
+            found += [f"{where}: from pickle import {a.name}" for a in node.names if a.name in ("load", "loads")]
+        elif isinstance(node, ast.Attribute) and ast.unparse(node) in ("pickle.load", "pickle.loads"):
+            found.append(f"{where}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.load":
+            safe = any(k.arg == "weights_only" and ast.unparse(k.value) == "True" for k in node.keywords)
+            found += [] if safe else [f"{where}: {ast.unparse(node)}"]
+    return found
+
+
+def test_every_file_the_package_reads_is_read_as_data() -> None:
+    package = Path(fedlightning.__file__).parent
+    sources = sorted(package.rglob("*.py"))
+    assert len(sources) > 20 and (package / "federated/state.py") in sources
+    assert [f for path in sources for f in _unsafe_loads(path)] == []
 
 
 def test_state_bytes_counts_nested_tensors_only() -> None:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlightning.errors import ConfigError
+from fedlightning.errors import ConfigError, UnreadableStateError
 from fedlightning.federated.rng import SERVER
 
 __all__ = ["ClientStateStore", "state_bytes"]
@@ -85,7 +85,7 @@ class ClientStateStore:
             self._state.move_to_end(client_id)
             return entries
         if client_id in self._on_disk:
-            entries = torch.load(self._file(client_id), weights_only=False)
+            entries = self._read(client_id)
             self._state[client_id] = entries
             return entries
         if create:
@@ -159,6 +159,26 @@ class ClientStateStore:
         self.spilled_total += spilled
         return spilled
 
+    def _read(self, client_id: int) -> dict[str, Any]:
+        """A spilled client's entries, read as tensors and plain containers only (``weights_only=True``)."""
+        path = self._file(client_id)
+        try:
+            entries = torch.load(path, weights_only=True)  # tensors come back on their devices
+        except Exception as exc:  # refused globals, truncation, a missing file: torch raises many types
+            text = str(exc).split("WeightsUnpickler error:")[-1].strip()
+            if "unsupported global" in text.lower():  # the weights-only unpickler refused to import something
+                reason = "it holds objects other than tensors and plain containers, which are not loaded"
+            else:
+                reason = f"{type(exc).__name__}: {(text.splitlines() or [''])[0].split('. ')[0][:100]}"
+        else:
+            if isinstance(entries, dict):
+                return entries
+            reason = f"it holds a {type(entries).__name__}, not a dict"
+        raise UnreadableStateError(
+            f"The spilled client state {path} is not the tensors this run wrote ({reason}); it was replaced or "
+            "damaged while the run was going: run the same command again to resume from the run's last checkpoint."
+        )
+
     def _file(self, client_id: int) -> Path:
         if self._spill_dir is None:
             if self._spill_root is not None:
@@ -193,7 +213,7 @@ class ClientStateStore:
         """A CPU copy fit for ``torch.save`` (spilled clients are read back from disk)."""
         state = {cid: {k: _to_cpu(v) for k, v in entries.items()} for cid, entries in self._state.items()}
         for cid in self._on_disk - self._state.keys():
-            state[cid] = _to_cpu(torch.load(self._file(cid), weights_only=False))
+            state[cid] = _to_cpu(self._read(cid))
         return dict(sorted(state.items()))
 
     def load_state_dict(self, state: dict[int, dict[str, Any]]) -> None:
