@@ -137,3 +137,13 @@ def test_sparse_codec_of_all_zero_tensor_is_one_bit() -> None:
     message = SparseCodec().encode(torch.zeros(3, 4))
     assert message.num_bits == 1
     assert torch.equal(message.decode(), torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("values", [[2**32], [2**33, 5], [1, 2**63, 2**64 - 1], [2**40, 2**40 + 1, 7]])
+def test_elias_gamma_codes_wider_than_64_bits_round_trip(values: list[int]) -> None:
+    w = BitWriter()
+    w.write_elias_gamma_array(np.array(values, dtype=np.uint64))
+    payload, n = w.getvalue()
+    assert n == sum(2 * v.bit_length() - 1 for v in values)
+    r = BitReader(payload, n)
+    assert r.read_elias_gamma_array(len(values)).tolist() == values and r.remaining == 0

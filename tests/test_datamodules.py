@@ -25,6 +25,7 @@ from fedlightning.datamodules import (
     DirichletPartition,
     FederatedDataModule,
     FilePartition,
+    IIDPartition,
     MNISTDataModule,
     ShardPartition,
     default_data_root,
@@ -395,3 +396,56 @@ def test_a_run_saves_its_split_and_a_second_run_reuses_it_with_partition_file(
         ConfigError, match=r"and partition=dirichlet_alpha0\.5 both choose the clients; set partition=file"
     ):
         run(make_config(["rounds=1", f"data.partition_file={saved}"]), tmp_path / "conflict")
+
+
+@pytest.mark.parametrize("suffix", [".json", ".npz"])
+def test_a_partition_file_with_an_empty_client_is_refused_naming_the_file(tmp_path: Path, suffix: str) -> None:
+    dm = DigitsDataModule(num_clients=4, partition=IIDPartition(), seed=1)
+    path = tmp_path / f"part{suffix}"
+    dm.save_partition(path)
+    if suffix == ".json":
+        raw = json.loads(path.read_text())
+        raw["clients"][2] = []
+        path.write_text(json.dumps(raw))
+    else:
+        with np.load(path) as z:
+            files = {name: z[name] for name in z.files}
+        sizes = np.diff(files["offsets"])
+        start, stop = files["offsets"][2], files["offsets"][3]
+        files["indices"] = np.concatenate([files["indices"][:start], files["indices"][stop:]])
+        sizes[2] = 0
+        files["offsets"] = np.concatenate([[0], np.cumsum(sizes)])
+        np.savez(path, **files)
+    with pytest.raises(ValueError) as info:
+        DigitsDataModule(num_clients=4, seed=1, partition_file=str(path)).setup()
+    text = str(info.value)
+    assert f"data.partition_file={path} gives client 2 no samples" in text and "re-save" in text
+    assert "\n" not in text
+
+
+def test_a_partition_file_that_drops_a_sample_is_refused_naming_the_file(tmp_path: Path) -> None:
+    dm = DigitsDataModule(num_clients=4, partition=IIDPartition(), seed=1)
+    path = tmp_path / "partition.json"
+    dm.save_partition(path)
+    raw = json.loads(path.read_text())
+    raw["clients"][1] = raw["clients"][1][1:]  # one sample in no client and not held out
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=rf"^data\.partition_file={path} assigns .* \(1 are in no client"):
+        DigitsDataModule(num_clients=4, seed=1, partition_file=str(path)).setup()
+
+
+def test_a_run_with_an_emptied_client_in_its_partition_file_stops_before_training(
+    make_config: Callable[..., DictConfig], tmp_path: Path
+) -> None:
+    from fedlightning.errors import ConfigError
+    from fedlightning.run import run
+
+    quick = ["rounds=1", "logger=none", "data.num_clients=5"]
+    run(make_config(quick), tmp_path / "first")
+    raw = json.loads((tmp_path / "first" / "partition.json").read_text())
+    raw["clients"][0] = []
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=rf"^data\.partition_file={edited} gives client 0 no samples"):
+        run(make_config([*quick, "partition=file", f"data.partition_file={edited}"]), tmp_path / "again")
+    assert not (tmp_path / "again" / "summary.json").exists()

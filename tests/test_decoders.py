@@ -578,3 +578,45 @@ def test_natural_escape_without_or_beyond_its_subnormal_power_is_refused() -> No
 def test_encoders_refuse_inputs_they_cannot_represent(encode: Callable[[], Message]) -> None:
     with pytest.raises(ValueError, match=r"\.$"):
         encode()
+
+
+def _qsgd_stream_with_levels(levels: list[int], numel: int) -> Message:
+    """A QSGD message of a unit norm whose first ``len(levels)`` coordinates carry the given Elias-coded levels."""
+    from fedlightning.compression.index_coding import write_positions
+
+    codec = QSGD(s=16)
+    w = BitWriter()
+    w.write_bits(int(np.array([1.0], dtype=np.float32).view(np.uint32)[0]), 31)  # the norm, float32 code
+    write_positions(w, np.arange(len(levels), dtype=np.int64), numel)
+    w.write_bitarray(np.zeros(len(levels), dtype=np.uint8))  # signs
+    w.write_elias_gamma_array(np.array(levels, dtype=np.uint64))
+    payload, n = w.getvalue()
+    return Message(payload=payload, num_bits=n, codec=codec, shape=(numel,))
+
+
+@pytest.mark.parametrize("level", [2**63, 2**63 + 1, 2**64 - 18, 2**64 - 17, 2**64 - 2, 2**64 - 1, 17, 2**40])
+def test_qsgd_levels_too_large_for_the_table_are_refused_not_wrapped(level: int) -> None:
+    message = _qsgd_stream_with_levels([3, level], numel=4)
+    with pytest.raises(MessageDecodeError, match=rf"^qsgd\(p=2,s=16\): a level decodes to {level}, above s=16\.$"):
+        message.decode()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(st.integers(1, 16), st.integers(17, 2**64 - 1), st.integers(2**63, 2**64 - 1)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(0, 4),
+)
+def test_qsgd_decodes_elias_levels_in_range_and_refuses_every_other(levels: list[int], extra: int) -> None:
+    message = _qsgd_stream_with_levels(levels, numel=len(levels) + extra)
+    if max(levels) > 16:
+        with pytest.raises(MessageDecodeError, match=rf"a level decodes to {max(levels)}, above s=16"):
+            message.decode()
+    else:
+        out = message.decode().numpy()
+        expected = np.array(levels, dtype=np.float64) / 16  # standard levels j/s of a unit norm
+        np.testing.assert_allclose(out[: len(levels)], expected, rtol=1e-6)
+        assert not out[len(levels) :].any()

@@ -75,3 +75,57 @@ def test_missing_files_message(tmp_path: Path) -> None:
 
     with pytest.raises(DataUnavailableError, match=r"set data\.root"):
         read_golub(tmp_path)
+
+
+def _golub_copy_with(golub_root: Path, dest: Path, file: str, line: int, column: int, cell: str) -> Path:
+    """Copy the three CSVs into ``dest`` with one cell (1-based ``line`` and ``column``) of ``file`` replaced."""
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("data_set_ALL_AML_train.csv", "data_set_ALL_AML_independent.csv", "actual.csv"):
+        shutil.copyfile(golub_root / name, dest / name)
+    lines = (dest / file).read_text().splitlines(keepends=True)
+    cells = lines[line - 1].rstrip("\r\n").split(",")
+    cells[column - 1] = cell
+    lines[line - 1] = ",".join(cells) + "\n"
+    (dest / file).write_text("".join(lines))
+    return dest
+
+
+@pytest.mark.parametrize("cell", ["NaN", "", "inf", "-Infinity", "12x"])
+def test_a_non_finite_expression_cell_names_the_file_row_and_column(
+    golub_root: Path, tmp_path: Path, cell: str
+) -> None:
+    from fedlightning.datamodules.base import DataUnavailableError
+
+    # Column 5 of the train file is patient 2's value; row 10 is the ninth probe.
+    root = _golub_copy_with(golub_root, tmp_path / "golub", "data_set_ALL_AML_train.csv", 10, 5, cell)
+    with pytest.raises(DataUnavailableError) as info:
+        read_golub(root)
+    text = str(info.value)
+    assert "\n" not in text
+    assert str(root / "data_set_ALL_AML_train.csv") in text and "row 10" in text and "column 5 (patient 2)" in text
+    assert "not a finite number" in text
+
+
+@pytest.mark.parametrize("cell", ["nan", "", "ALLL"])
+def test_a_bad_label_names_the_file_row_and_column(golub_root: Path, tmp_path: Path, cell: str) -> None:
+    from fedlightning.datamodules.base import DataUnavailableError
+
+    root = _golub_copy_with(golub_root, tmp_path / "golub", "actual.csv", 4, 2, cell)
+    with pytest.raises(DataUnavailableError) as info:
+        read_golub(root)
+    assert str(root / "actual.csv") in str(info.value) and "row 4, column cancer" in str(info.value)
+
+
+def test_a_nan_cell_stops_the_run_before_training(golub_root: Path, tmp_path: Path) -> None:
+    from fedlightning.errors import FedLightningError
+    from fedlightning.run import run
+
+    from .conftest import compose_config
+
+    root = _golub_copy_with(golub_root, tmp_path / "data", "data_set_ALL_AML_independent.csv", 100, 3, "nan")
+    cfg = compose_config(["data=golub", f"data.root={root}", "rounds=1"])
+    with pytest.raises(FedLightningError, match=r"data_set_ALL_AML_independent\.csv row 100 .*column 3"):
+        run(cfg, tmp_path / "out")
+    assert not (tmp_path / "out" / "summary.json").exists()

@@ -46,6 +46,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from fedlightning.compression.operators import Compressor
+from fedlightning.compression.sparse import TopK, TopKThen
 from fedlightning.errors import ConfigError
 from fedlightning.federated.channel import Channel, DownlinkChannel, ReplicaCodec
 from fedlightning.federated.hooks import FederatedCallback
@@ -211,11 +212,40 @@ class _CompressionCallback(FederatedCallback):
         if channel.compressor is self.compressor:
             return  # already attached (a second fit of the same trainer)
         sizes = [p.numel() for p in module.server_parameters()] if hasattr(module, "server_parameters") else []
+        self._refuse_a_top_k_that_keeps_everything(module, sizes)
         channel.attach(
             self.compressor, error_feedback=self.error_feedback, granularity=self.granularity, block_sizes=sizes
         )
         if self.log_metadata:
             log.info("%s compression: %s", self.direction, channel.metadata(module.uplink_numel))
+
+    def _refuse_a_top_k_that_keeps_everything(self, module: Any, sizes: list[int]) -> None:
+        """Refuse a top-k whose ``k`` (or fraction) keeps every coordinate of every block it is applied to.
+
+        Such an operator sends the whole payload plus its support, more bits than float32 for nothing.
+        """
+        top = self.compressor.top if isinstance(self.compressor, TopKThen) else self.compressor
+        if not isinstance(top, TopK):
+            return
+        numel = getattr(module, "uplink_numel", None) if self.direction == "uplink" else None
+        numel = int(numel) if numel is not None else sum(sizes)
+        if numel <= 0:
+            return
+        layerwise = self.granularity == "layer" and len(sizes) > 1 and sum(sizes) == numel
+        blocks = sizes if layerwise else [numel]
+        if any(top.k_of(b) < b for b in blocks):
+            return
+        group = "compressor" if self.direction == "uplink" else "downlink"
+        largest = max(blocks)
+        where = f"the largest parameter tensor ({largest} entries)" if layerwise else f"the {largest}-entry payload"
+        if top.k_fixed is not None:
+            setting, fix = f"{group}.compressor.k={top.k_fixed}", f"set {group}.compressor.k below {largest}"
+        else:
+            setting, fix = f"{group}.compressor.fraction={top.fraction:g}", f"set {group}.compressor.fraction below 1"
+        raise ConfigError(
+            f"{setting} keeps every coordinate of {where}, so top-k compresses nothing and its message costs more "
+            f"than float32; {fix}, or use {group}=none."
+        )
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

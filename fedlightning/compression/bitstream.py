@@ -169,7 +169,12 @@ class BitWriter:
         if v.size and v.min() < 1:
             raise ValueError("Elias gamma codes integers >= 1.")
         nb = _bit_length(v)
-        self._push(_expand(v, 2 * nb - 1))  # the leading zeros are the high bits of a 2nb-1 wide field
+        if not nb.size or nb.max() <= 32:
+            self._push(_expand(v, 2 * nb - 1))  # the leading zeros are the high bits of a 2nb-1 wide field
+            return
+        # A value of 33 to 64 bits has a code wider than 64 bits: its zeros, then its bits.
+        zeros = np.zeros(int((nb - 1).sum()), dtype=np.uint8)
+        self._push(_interleave(zeros, nb - 1, _expand(v, nb), nb))
 
     def write_elias_delta(self, n: int) -> None:
         """Elias delta of ``n >= 1``: gamma of its bit length, then its bits below the top one."""

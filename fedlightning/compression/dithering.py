@@ -208,11 +208,13 @@ class Dithering(Compressor):
             return torch.from_numpy(out)
         neg = reader.read_bitarray(positions.size).astype(np.float64)
         if self.level_code == "elias":
-            L = reader.read_elias_gamma_array(positions.size).astype(np.int64)
+            levels = reader.read_elias_gamma_array(positions.size)
         else:
-            L = reader.read_array(positions.size, max(0, (self.s - 1).bit_length())).astype(np.int64) + 1
-        if L.max() > self.s:
-            raise reader.error(f"a level decodes to {L.max()}, above s={self.s}")
+            levels = reader.read_array(positions.size, max(0, (self.s - 1).bit_length())) + np.uint64(1)
+        top = int(levels.max())  # compared as uint64: a 64-bit level must not wrap to a negative index
+        if top > self.s:
+            raise reader.error(f"a level decodes to {top}, above s={self.s}")
+        L = levels.astype(np.int64)
         with np.errstate(over="ignore"):  # a corrupted norm is caught as non-finite in decode
             out[positions] = ((1 - 2 * neg) * self._decoded_values(float(norm))[L]).astype(np.float32)
         return torch.from_numpy(out)

@@ -578,6 +578,13 @@ class FederatedDataModule(L.LightningDataModule):
         if version >= 2:
             expected |= {"val_fraction": self.val_fraction, "max_train_samples": self.max_train_samples}
         self._refuse_mismatch(path, raw, expected, len(raw["clients"]) != self.num_clients)
+        empty = [k for k, c in enumerate(raw["clients"]) if c.size == 0]
+        if empty:
+            raise ValueError(
+                f"data.partition_file={path} gives client {empty[0]} no samples"
+                f"{f' ({len(empty)} clients are empty)' if len(empty) > 1 else ''}; every client needs at least "
+                "one sample: re-save the partition or give each client a sample."
+            )
         raw["path"] = path
         self._saved_partition_name = raw.get("partition")
         return raw
@@ -611,6 +618,12 @@ class FederatedDataModule(L.LightningDataModule):
                 f"data.partition_file={path} uses samples this run does not train on (its test split or "
                 f"data.max_train_samples subset depends on seed={self.seed}; the file's seed was "
                 f"{saved.get('seed')}); use seed={saved.get('seed')}."
+            )
+        if both.size != origin.size:
+            raise ValueError(
+                f"data.partition_file={path} assigns {both.size} of the {origin.size} samples this run loads "
+                f"({origin.size - both.size} are in no client and not held out); every sample must be listed "
+                "exactly once: re-save the partition."
             )
         if saved.get("seed") != self.seed and self.data_depends_on_seed:
             raise ValueError(

@@ -75,11 +75,61 @@ def _read_expression(path: Path) -> tuple[list[int], list[str], list[str], np.nd
             f"{path} does not start with the Golub header 'Gene Description,Gene Accession Number'."
         )
     value_cols = [i for i in range(2, len(header)) if header[i].strip().lower() != "call"]
-    patients = [int(header[i]) for i in value_cols]
-    names = [r[0] for r in rows[1:] if r]
-    probes = [r[1] for r in rows[1:] if r]
-    values = np.array([[float(r[i]) for i in value_cols] for r in rows[1:] if r], dtype=np.float64)
+    try:
+        patients = [int(header[i]) for i in value_cols]
+    except ValueError:
+        bad = next(i for i in value_cols if not header[i].strip().isdigit())
+        raise DataUnavailableError(
+            f"{path} column {bad + 1} of the header is {header[bad]!r}, not a patient number; "
+            "use the Broad Institute CSV unchanged."
+        ) from None
+    names: list[str] = []
+    probes: list[str] = []
+    table: list[list[float]] = []
+    for line, r in enumerate(rows[1:], start=2):  # line numbers as an editor counts them (the header is 1)
+        if not r:
+            continue
+        cells: list[float] = []
+        for i in value_cols:
+            cell = r[i] if i < len(r) else ""
+            try:
+                value = float(cell)
+            except ValueError:
+                value = float("nan")
+            if not np.isfinite(value):
+                raise DataUnavailableError(
+                    f"{path} row {line} (probe {r[1] if len(r) > 1 else '?'}), column {i + 1} "
+                    f"(patient {header[i]}) holds {cell!r}, not a finite number; "
+                    "restore the value from the Broad Institute CSV."
+                )
+            cells.append(value)
+        names.append(r[0])
+        probes.append(r[1])
+        table.append(cells)
+    values = np.array(table, dtype=np.float64).reshape(len(table), len(value_cols))
     return patients, names, probes, values  # values: genes x samples
+
+
+def _read_labels(path: Path) -> dict[int, str]:
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None or not {"patient", "cancer"} <= set(reader.fieldnames):
+            raise DataUnavailableError(f"{path} does not start with the header 'patient,cancer'.")
+        labels: dict[int, str] = {}
+        for line, r in enumerate(reader, start=2):
+            patient, cancer = (r["patient"] or "").strip(), (r["cancer"] or "").strip()
+            if not patient.isdigit():
+                raise DataUnavailableError(
+                    f"{path} row {line}, column patient holds {patient!r}, not a patient number; "
+                    "restore it from the Broad Institute CSV."
+                )
+            if cancer not in CLASSES:
+                raise DataUnavailableError(
+                    f"{path} row {line}, column cancer holds {cancer!r}, not one of {' or '.join(CLASSES)}; "
+                    "restore it from the Broad Institute CSV."
+                )
+            labels[int(patient)] = cancer
+    return labels
 
 
 def read_golub(root: str | Path) -> GolubData:
@@ -109,8 +159,7 @@ def read_golub(root: str | Path) -> GolubData:
         )
     patients = np.array(p_tr + p_te)
     values = np.concatenate([v_tr, v_te], axis=1).T  # samples x genes
-    with (root / GOLUB_FILES[2]).open(newline="") as fh:
-        labels = {int(r["patient"]): r["cancer"].strip() for r in csv.DictReader(fh)}
+    labels = _read_labels(root / GOLUB_FILES[2])
     order = np.argsort(patients, kind="stable")
     patients = patients[order]
     try:
