@@ -14,16 +14,18 @@ the failed jobs, one line each.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import difflib
 import json
 import logging
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedlightning.errors import FedLightningError
+from fedlightning.schema import TrainSchema, close_match, target_keys
 
 log = logging.getLogger("fedlightning")
 
@@ -85,14 +87,45 @@ def hydra_error_sentence(exc: BaseException) -> str:
     cause = exc.__cause__
     if cause is not None and "not in struct" in str(cause) and lines and lines[0].startswith("Could not override"):
         key = lines[0].split("'")[1] if "'" in lines[0] else "the key"
-        return (
-            f"{key} is not a key of the config (a typo?); list the keys with `fedlightning --cfg job`, "
-            f"or add a new one with +{key}=... if its component takes it."
-        )
+        return unknown_key_sentence(key, cause)
     if not lines:
         return f"{type(exc).__name__}: {cause or 'no message'}"
     head, rest = lines[0], lines[1:]
     return head + (f" ({'; '.join(rest)})" if rest else "") + "."
+
+
+def unknown_key_sentence(key: str, cause: BaseException) -> str:
+    """The sentence for an override of a key the config lacks (``rouns=3``): the closest existing key.
+
+    ``cause`` is OmegaConf's "not in struct" error, whose ``parent_node`` is the node that lacks
+    the key. The candidates are the top-level keys of :class:`~fedlightning.schema.TrainSchema`,
+    or a group node's keys, then (when none is close) the keys its ``_target_`` takes.
+    """
+    full_key = str(getattr(cause, "full_key", "") or key)
+    parent_path, _, leaf = full_key.rpartition(".")
+    rest = key[len(full_key) :] if key.startswith(full_key) else ""  # below the first missing key
+    parent = getattr(cause, "parent_node", None)
+    listing = "list the keys with `fedlightning --cfg job`"
+    if not parent_path:
+        match = close_match(leaf, [f.name for f in dataclasses.fields(TrainSchema)])
+        if match:
+            return f"{key} is not a key of the config (did you mean {match}{rest}?); {listing}."
+        return (
+            f"{key} is not a key of the config (a typo?); {listing} "
+            f"(a new top-level key is declared in fedlightning/schema.py's TrainSchema first)."
+        )
+    present = [str(k) for k in parent] if isinstance(parent, Mapping) else []
+    match = close_match(leaf, [k for k in present if not k.startswith("_")])
+    if match:
+        return f"{key} is not a key of the config (did you mean {parent_path}.{match}{rest}?); {listing}."
+    match = close_match(leaf, target_keys(parent)) if isinstance(parent, Mapping) else None
+    if match:  # a key the component takes that the config leaves at its default
+        suggestion = f"{parent_path}.{match}{rest}"
+        return f"{key} is not a key of the config (did you mean +{suggestion}=...?); {listing}."
+    return (
+        f"{key} is not a key of the config (a typo?); {listing}, "
+        f"or add a new one with +{key}=... if its component takes it."
+    )
 
 
 def _timestamp() -> str:

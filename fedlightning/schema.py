@@ -55,6 +55,7 @@ __all__ = [
     "check_target_node",
     "close_match",
     "refuse_unread_overrides",
+    "target_keys",
     "validate_config",
     "validate_top_level",
 ]
@@ -343,6 +344,22 @@ def _parameters(target: Any) -> tuple[dict[str, inspect.Parameter], dict[str, An
                 # (FedPM fixes Zampling's d): null is let through for inherited keys.
                 hints[name] = fn_hints[name] if fn is functions[0] else typing.Optional[fn_hints[name]]  # noqa: UP045
     return params, hints, accepts_any
+
+
+def target_keys(node: Mapping[Any, Any]) -> list[str]:
+    """The keys the ``_target_`` of ``node`` takes (none when it has no importable target).
+
+    >>> target_keys({"_target_": "fedlightning.datamodules.partition.IIDPartition"})
+    ['seed', 'min_partition_size']
+    """
+    target_path = node.get("_target_") if "_target_" in node else None
+    if not isinstance(target_path, str):
+        return []
+    try:
+        params, _, _ = _parameters(_locate(target_path, "node"))
+    except Exception:  # a target that does not import: its node's own keys are all we know
+        return []
+    return [name for name in params if name not in ("model", "datamodule", "params")]
 
 
 def check_target_node(node: DictConfig, where: str) -> None:

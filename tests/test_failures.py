@@ -252,7 +252,7 @@ def test_a_nonfinite_upload_is_quarantined_and_the_aggregate_is_that_of_the_othe
     accountant = CommunicationAccountant()
     with caplog.at_level(logging.WARNING, logger="fedlightning.federated.divergence"):
         _fit(module, [FullParticipation(), accountant])
-    assert "Round 0: client 1 produced a non-finite update" in caplog.text
+    assert "Round 1: client 1 produced a non-finite update" in caplog.text
     assert module.reliability_summary()["failures/quarantined_total"] == 1
     assert accountant.summary()["comm/uplink_messages"] == 2 and accountant.summary()["comm/downlink_messages"] == 3
 
@@ -268,7 +268,7 @@ def test_a_nonfinite_upload_is_quarantined_and_the_aggregate_is_that_of_the_othe
 def test_on_nonfinite_client_stop_ends_the_run_naming_the_client_and_round() -> None:
     module = _fedavg(digits_federation(3), method=_PoisonsClient)
     with pytest.raises(
-        DivergenceError, match=r"^Client 1 produced a non-finite update in round 0; lower the client learning rate"
+        DivergenceError, match=r"^Client 1 produced a non-finite update in round 1; lower the client learning rate"
     ):
         _fit(module, [FullParticipation(), DivergenceGuard(on_nonfinite_client="stop")])
 
@@ -279,12 +279,12 @@ def test_on_nonfinite_client_stop_ends_the_run_naming_the_client_and_round() -> 
     [
         (
             ["method.client_optimizer.lr=1e6", "rounds=3"],
-            r"^Training diverged in round 0: .*; lower the client learning rate \(method\.client_optimizer\.lr\) "
+            r"^Training diverged in round 1: .*; lower the client learning rate \(method\.client_optimizer\.lr\) "
             r"from 1e\+06 or set method\.max_grad_norm\.$",
         ),
         (
             ["method=fedadam", "method.server_optimizer.lr=1e38", "rounds=1"],
-            r"^The server state became non-finite in round 0; lower the server learning rate "
+            r"^The server state became non-finite in round 1; lower the server learning rate "
             r"\(method\.server_optimizer\.lr\) from 1e\+38\.$",
         ),
     ],
@@ -302,7 +302,7 @@ def test_an_exploding_validation_loss_after_a_finite_server_step_names_the_serve
     # SGD(lr=1e6) on the server: the clients' losses and the server state stay finite, the global loss explodes.
     module = _fedavg(digits_federation(3), server_optimizer=lambda p: torch.optim.SGD(p, lr=1e6))
     with pytest.raises(
-        DivergenceError, match=r"after round 0: .* validation loss .*server learning rate .* from 1e\+06"
+        DivergenceError, match=r"after round 1: .* validation loss .*server learning rate .* from 1e\+06"
     ):
         _fit(module, [FullParticipation()], rounds=1)
 

@@ -51,7 +51,7 @@ class Cohort:
 
     def __post_init__(self) -> None:
         if len(set(self.client_ids)) != len(self.client_ids):
-            raise ValueError(f"Cohort of round {self.round_idx} lists a client twice: {self.client_ids}.")
+            raise ValueError(f"Cohort of round {self.round_idx + 1} lists a client twice: {self.client_ids}.")
         if self.inclusion_probabilities.shape != (len(self.client_ids),):
             raise ValueError("Cohort needs one inclusion probability per client.")
 

@@ -154,7 +154,7 @@ def check_server_state(module: FederatedModule, round_idx: int) -> None:
     total = torch.stack([p.detach().sum() for p in module.server_parameters()]).sum()
     if not bool(torch.isfinite(total)):
         raise DivergenceError(
-            f"The server state became non-finite in round {round_idx}; {divergence_fix(module, 'server')}."
+            f"The server state became non-finite in round {round_idx + 1}; {divergence_fix(module, 'server')}."
         )
 
 
@@ -196,7 +196,7 @@ class DivergenceWatch:
         stop = policy.on_nonfinite_client == "stop"
         log.warning(
             "Round %d: client %d produced a non-finite update (loss %.4g); %s (divergence.on_nonfinite_client=%s).",
-            rnd.round_idx,
+            rnd.round_idx + 1,
             client_id,
             loss,
             "the run stops" if stop else "it is quarantined, not aggregated",
@@ -217,7 +217,7 @@ class DivergenceWatch:
                 who = f"Client {first} and {quarantined - 1} other client(s) produced non-finite updates"
             else:
                 who = f"Client {first} produced a non-finite update"
-            raise DivergenceError(f"{who} in round {round_idx}; {divergence_fix(module, 'clients')}.")
+            raise DivergenceError(f"{who} in round {round_idx + 1}; {divergence_fix(module, 'clients')}.")
         if self.start_loss is None and trained and round_idx == 0:
             count = float(rnd.stats[START_COUNT])
             start = float(rnd.stats[START_SUM]) / count if count else loss_sum / trained
@@ -226,13 +226,13 @@ class DivergenceWatch:
             loss = loss_sum / trained
             if exploded(loss=loss, start=self.start_loss, max_ratio=policy.max_loss_ratio):
                 raise DivergenceError(
-                    f"Training diverged in round {round_idx}: the clients' mean loss is {loss:.4g} "
+                    f"Training diverged in round {round_idx + 1}: the clients' mean loss is {loss:.4g} "
                     f"against {self.start_loss or float('nan'):.4g} at the start (divergence.max_loss_ratio="
                     f"{policy.max_loss_ratio:g}); {divergence_fix(module, 'clients')}."
                 )
         if not bool(torch.isfinite(rnd.aggregator.sums.sum())):
             raise DivergenceError(
-                f"The aggregate of round {round_idx} is non-finite; {divergence_fix(module, 'clients')}."
+                f"The aggregate of round {round_idx + 1} is non-finite; {divergence_fix(module, 'clients')}."
             )
 
     def check_global_loss(self, what: str, loss: float) -> None:
@@ -240,7 +240,7 @@ class DivergenceWatch:
         module = self.module
         if exploded(loss=loss, start=self.start_loss, max_ratio=module.divergence.max_loss_ratio):
             start = "" if self.start_loss is None else f" against {self.start_loss:.4g} at the start"
-            when = f"after round {module.global_step - 1}" if module.global_step else "before training"
+            when = f"after round {module.global_step}" if module.global_step else "before training"
             raise DivergenceError(
                 f"Training diverged {when}: the global model's {what} loss is "
                 f"{loss:.4g}{start}; {divergence_fix(module, 'server')}."

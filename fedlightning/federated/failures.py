@@ -213,8 +213,8 @@ class ClientFailures(FederatedCallback):
             self._events["rounds_repeated"] += 1
             log.warning(
                 "Round %d, attempt %d: %d upload(s) reached the server, below failures.min_uploads=%d; repeating it.",
-                round_idx,
-                attempt,
+                round_idx + 1,
+                attempt + 1,
                 aggregator.count,
                 self.min_uploads,
             )
@@ -223,7 +223,7 @@ class ClientFailures(FederatedCallback):
         log.warning(
             "Round %d: %d upload(s) reached the server, below failures.min_uploads=%d%s; skipped, the global "
             "model is unchanged.",
-            round_idx,
+            round_idx + 1,
             aggregator.count,
             self.min_uploads,
             f" after {attempt} repeat(s)" if attempt else "",
