@@ -38,8 +38,24 @@ COMPOSE_CASES = {
         ["experiment=compresion_mnist is not a config", "compression_mnist", "configs/experiment/"],
     ),
     "unknown compressor": (["compressor=topk"], ["compressor=topk", "did you mean compressor=top_k?"]),
-    "top-level key without +": (["foo=1"], ["foo is not a key of the config", "+foo=..."]),
-    "group key without +": (["method.lcoal_epochs=2"], ["method.lcoal_epochs is not a key", "--cfg job"]),
+    "top-level key without +": (["foo=1"], ["foo is not a key of the config", "--cfg job", "TrainSchema"]),
+    "misspelt top-level key without +": (["rouns=3"], ["rouns is not a key", "did you mean rounds?"]),
+    "group key without +": (
+        ["method.lcoal_epochs=2"],
+        ["method.lcoal_epochs is not a key", "did you mean method.local_epochs?", "--cfg job"],
+    ),
+    "misspelt nested key without +": (
+        ["method.client_optimizer.lrr=0.1"],
+        ["method.client_optimizer.lrr is not a key", "did you mean method.client_optimizer.lr?"],
+    ),
+    "misspelt key the config leaves at its default": (
+        ["trainer.max_epoch=3"],
+        ["trainer.max_epoch is not a key", "did you mean +trainer.max_epochs=...?"],
+    ),
+    "group key without + and no close key": (
+        ["method.zzz=2"],
+        ["method.zzz is not a key", "--cfg job", "+method.zzz=... if its component takes it"],
+    ),
     "malformed override": (["rounds=="], ["rounds==", "Error parsing override"]),
 }
 
@@ -145,6 +161,24 @@ RUN_CASES = {
         ["clients_per_round=50 exceeds data.num_clients=10", "lower clients_per_round"],
     ),
     "negative Dirichlet alpha": (["partition.alpha=-1"], ["partition.alpha"]),
+    "max_grad_norm negative": (
+        ["method.max_grad_norm=-1"],
+        ["method.max_grad_norm must be a positive finite number or null (got -1)", "method.max_grad_norm=1.0"],
+    ),
+    "max_grad_norm zero": (["method.max_grad_norm=0"], ["method.max_grad_norm must be a positive finite number"]),
+    "max_grad_norm not finite": (["method.max_grad_norm=inf"], ["method.max_grad_norm", "(got inf)"]),
+    "top-k that keeps every coordinate": (
+        ["compressor=top_k", "+compressor.compressor.k=100000000", "compressor.compressor.fraction=null"],
+        ["compressor.compressor.k=100000000 keeps every coordinate", "set compressor.compressor.k below"],
+    ),
+    "top-k fraction that keeps every coordinate": (
+        ["compressor=top_k", "compressor.compressor.fraction=1.0", "compressor.granularity=model"],
+        ["compressor.compressor.fraction=1 keeps every coordinate of the", "compressor=none"],
+    ),
+    "downlink top-k that keeps every coordinate": (
+        ["downlink=top_k", "+downlink.compressor.k=100000000", "downlink.compressor.fraction=null"],
+        ["downlink.compressor.k=100000000 keeps every coordinate", "or use downlink=none"],
+    ),
     "model for other inputs": (["model=mnistfc"], ["model=mnistfc expects 784 input features"]),
     # Fed-IHT broadcasts a hard-thresholded model of its own: the refusal points to its codec under
     # either scheme, not from one scheme to the other.
@@ -194,6 +228,15 @@ def test_config_that_does_not_compose_is_told_in_one_sentence(
     with pytest.raises(HydraException) as info:
         composer(overrides)
     _assert_one_sentence(error_sentence(info.value), fragments)
+
+
+@pytest.mark.parametrize("override", ["foo=1", "method.zzz=2", "data.qqq=1"])
+def test_an_unknown_key_with_no_close_key_gets_no_suggestion(composer: Composer, override: str) -> None:
+    with pytest.raises(HydraException) as info:
+        composer([override])
+    sentence = error_sentence(info.value)
+    _assert_one_sentence(sentence, [f"{override.partition('=')[0]} is not a key of the config"])
+    assert "did you mean" not in sentence
 
 
 @pytest.mark.parametrize(("overrides", "fragments"), SCHEMA_CASES.values(), ids=SCHEMA_CASES)
@@ -250,8 +293,9 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     [
         (["method=fedavgg"], ["method=fedavgg is not a config", "did you mean method=fedavg?"]),
         (["rounds=abc"], ["rounds (the number of federated rounds) must be an integer (got 'abc')", "e.g. rounds=50"]),
+        (["rouns=3"], ["rouns is not a key of the config (did you mean rounds?)"]),
     ],
-    ids=["composition", "schema"],
+    ids=["composition", "schema", "misspelt key"],
 )
 def test_cli_exits_1_with_the_sentence_as_its_last_line(
     tmp_path: Path, overrides: list[str], fragments: list[str]
@@ -262,6 +306,7 @@ def test_cli_exits_1_with_the_sentence_as_its_last_line(
     assert last.startswith("fedlightning: error: "), result.stderr[-2000:]
     _assert_one_sentence(last, fragments)
     assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
+    assert "append to your config" not in result.stderr  # Hydra's +key advice is not repeated
     if (tmp_path / "run").exists():  # the job started (its config composed): its folder keeps the record
         assert (tmp_path / "run" / "error.txt").read_text().startswith(last.removeprefix("fedlightning: error: "))
         assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"

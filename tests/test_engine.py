@@ -203,7 +203,7 @@ def test_non_finite_loss_stops_with_one_sentence_naming_the_fix() -> None:
     dm.setup("fit")
     module = _module(dm)
     with pytest.raises(
-        NonFiniteLossError, match=r"Client 0 .* round 0; lower the client learning rate \(method.client_optimizer.lr\)"
+        NonFiniteLossError, match=r"Client 0 .* round 1; lower the client learning rate \(method.client_optimizer.lr\)"
     ):
         _trainer(1).fit(module)
 

@@ -34,10 +34,12 @@ Validation and test, sharded alike, are in :mod:`fedlightning.federated.evaluati
 phases hand each other, and the round in progress as methods read it, in
 :mod:`fedlightning.federated.rounds`.
 
-Clients train one reused model hidden from the module registry, so it is not checkpointed,
-not wrapped by DDP and never aliases the global weights; local steps use plain
-``torch.optim`` (:mod:`fedlightning.federated.local`). The server optimiser is the one Lightning
-optimiser, so ``global_step`` counts rounds (methods that set their state get :class:`RoundClock`).
+The client hooks a method overrides (its loss, penalty, step hook, optimiser, batches or whole
+``client_update``) are in :mod:`fedlightning.federated.client`. Clients train one reused model
+hidden from the module registry, so it is not checkpointed, not wrapped by DDP and never
+aliases the global weights; local steps use plain ``torch.optim``
+(:mod:`fedlightning.federated.local`). The server optimiser is the one Lightning optimiser, so
+``global_step`` counts rounds (methods that set their state get :class:`RoundClock`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -61,8 +63,8 @@ from fedlightning.compression.codecs import Float32Codec
 from fedlightning.cuda_check import drop_unusable_nvml_check
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import ESTIMATORS, Aggregator, Estimator, WeightedMean, accumulate_upload
-from fedlightning.federated.batches import local_batches
 from fedlightning.federated.channel import Channel, DownlinkChannel
+from fedlightning.federated.client import ClientWork, ParamsT
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.divergence import DivergencePolicy, DivergenceWatch, check_server_state, upload_check
 from fedlightning.federated.evaluation import HeldOutEvaluation
@@ -71,7 +73,6 @@ from fedlightning.federated.local import (
     ClientResult,
     ClientRunner,
     LocalExecution,
-    LocalProgram,
     LocalTraining,
     LoopRunner,
     check_local_execution,
@@ -80,23 +81,21 @@ from fedlightning.federated.local import (
     resolved_optimizer_factory,
 )
 from fedlightning.federated.message import Message
+from fedlightning.federated.options import check_engine_options
 from fedlightning.federated.params import (
-    assign_flat_,
-    flat_difference,
     flat_parameters,
     num_parameters,
     set_flat_grad_,
-    unflatten_like,
 )
 from fedlightning.federated.payloads import Payload
-from fedlightning.federated.rng import SERVER, torch_generator
+from fedlightning.federated.rng import SERVER
 from fedlightning.federated.round_row import log_round_row
-from fedlightning.federated.rounds import LOSS, METRICS, QUARANTINED, TRAINED, RoundContext, Rounds, RoundState
+from fedlightning.federated.rounds import LOSS, METRICS, QUARANTINED, TRAINED, Rounds, RoundState
 from fedlightning.federated.server_optim import RoundClock
 from fedlightning.federated.state import ClientStateStore
 
 if TYPE_CHECKING:
-    from fedlightning.datamodules.base import FederatedDataModule
+    pass
 
 __all__ = [
     "ClientResult",
@@ -117,10 +116,9 @@ log = logging.getLogger(__name__)
 drop_unusable_nvml_check()
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
-ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
 
 
-class FederatedModule(RoundContext, HeldOutEvaluation):
+class FederatedModule(ClientWork, HeldOutEvaluation):
     """Base class of every federated method (FedAvg itself is this class unchanged).
 
     Args:
@@ -162,12 +160,6 @@ class FederatedModule(RoundContext, HeldOutEvaluation):
     client_metric_names: tuple[str, ...] = ()
     """Names of the per-client diagnostics in :attr:`ClientResult.metrics` (logged as round means);
     a method may set them per instance, before training."""
-    local_work_hooks: ClassVar[tuple[str, ...]] = ("client_update", "local_train", "local_loss", "on_local_step_end")
-    """The hooks that make up a client's local work: a backend that serves a class's local work
-    serves a subclass that overrides none of them."""
-    hand_stepped: ClassVar[bool] = False
-    """True: the method's clients take their steps by hand on the ``fused`` backend's layers
-    (:attr:`ClientRunner.layers`) when it runs, with any client optimiser."""
 
     def __init__(
         self,
@@ -186,26 +178,18 @@ class FederatedModule(RoundContext, HeldOutEvaluation):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if local_epochs < 1:
-            raise ConfigError(f"method.local_epochs must be at least 1 (got {local_epochs}).")
-        if local_steps is not None and local_steps < 1:
-            raise ConfigError(f"method.local_steps must be at least 1 or null (got {local_steps}).")
-        if batch_size < 1:
-            raise ConfigError(f"method.batch_size must be at least 1 (got {batch_size}).")
-        if aggregation not in self.supported_aggregation:
-            raise ConfigError(
-                f"{name} supports method.aggregation={' or '.join(self.supported_aggregation)} (got {aggregation!r})."
-            )
-        if self.sets_server_state and server_optimizer is not None:
-            raise ConfigError(
-                f"{name} sets its server state from the uploads and has no server optimiser; "
-                "remove method.server_optimizer."
-            )
-        if any(True for _ in model.buffers()):
-            raise ConfigError(
-                "The model has buffers (e.g. BatchNorm running statistics) that federated averaging "
-                "does not aggregate; use a model with GroupNorm or no normalisation."
-            )
+        check_engine_options(
+            method=name,
+            local_epochs=local_epochs,
+            local_steps=local_steps,
+            batch_size=batch_size,
+            max_grad_norm=max_grad_norm,
+            aggregation=aggregation,
+            supported_aggregation=self.supported_aggregation,
+            sets_server_state=self.sets_server_state,
+            has_server_optimizer=server_optimizer is not None,
+            model=model,
+        )
         self.automatic_optimization = False
         self.model = model
         self.__dict__["_client_model"] = copy.deepcopy(model)  # hidden: not registered, not checkpointed
@@ -242,16 +226,6 @@ class FederatedModule(RoundContext, HeldOutEvaluation):
 
     # ------------------------------------------------------------------ public protocol
     @property
-    def client_model(self) -> nn.Module:
-        """The one reusable model that every client trains in turn."""
-        return self.__dict__["_client_model"]
-
-    @property
-    def datamodule(self) -> FederatedDataModule:
-        """The federated data: client tensors, sizes, validation and test loaders."""
-        return self.__dict__["_datamodule"]
-
-    @property
     def num_clients(self) -> int:
         """Number of clients in the federation."""
         return self.datamodule.num_clients
@@ -265,10 +239,6 @@ class FederatedModule(RoundContext, HeldOutEvaluation):
     def uplink_numel(self) -> int:
         """Entries of one upload (the model's parameter count unless the method says otherwise)."""
         return num_parameters(self.model)
-
-    def generator(self, round_idx: int, client_id: int, purpose: str) -> torch.Generator:
-        """The CPU generator of stream (run seed, round, client, purpose)."""
-        return torch_generator(seed=self.seed, round_idx=round_idx, client_id=client_id, purpose=purpose)
 
     def record_start_losses(self, losses: Tensor) -> None:
         """Clients' first-step losses (the received model's loss), counted where the run measures its start."""
@@ -332,105 +302,6 @@ class FederatedModule(RoundContext, HeldOutEvaluation):
     def server_metrics(self, round_idx: int) -> dict[str, float]:
         """Diagnostics logged after the server step (default: none)."""
         return {}
-
-    # ------------------------------------------------------------------ method hooks: client
-    def local_loss(self, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-        """Loss of one local mini-batch (default: cross-entropy)."""
-        return self.loss_fn(model(x), y)
-
-    def local_penalty(self, params: Mapping[str, Tensor], received: Mapping[str, Tensor]) -> Tensor | None:
-        """A term added to every local mini-batch loss, of the client's parameters and the ones it received.
-
-        ``None`` (the default): no term. A pure function of its arguments (e.g. FedProx's
-        (μ/2)‖w − w_t‖²), so every backend adds it: the loop to the model's loss, the vectorised
-        backend inside its batched loss.
-        """
-        return None
-
-    def make_client_optimizer(self, params: ParamsT, *, client_id: int, round_idx: int) -> torch.optim.Optimizer:
-        """The optimiser of one client in one round (override for per-client step sizes)."""
-        factory = self._round_optimizer if self._round_optimizer is not None else self.client_optimizer
-        return factory(params)
-
-    def on_local_step_end(self, model: nn.Module) -> None:
-        """Called after each local optimiser step of the default client (e.g. a projection)."""
-
-    def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
-        """Local training on one client from the broadcast it decoded; uploads the model delta."""
-        model = self.client_model
-        assign_flat_(model, received)
-        if not model.training:
-            model.train()
-        batch_loss: Callable[[Tensor, Tensor], Tensor] = lambda x, y: self.local_loss(model, x, y)  # noqa: E731
-        if type(self).local_penalty is not FederatedModule.local_penalty:
-            params = dict(model.named_parameters())
-            start = dict(zip(params, unflatten_like(received, params.values()), strict=True))  # views, no copy
-
-            def batch_loss(x: Tensor, y: Tensor) -> Tensor:
-                loss = self.local_loss(model, x, y)
-                penalty = self.local_penalty(params, start)
-                return loss if penalty is None else loss + penalty
-
-        done = self.local_train(
-            client_id=client_id,
-            round_idx=round_idx,
-            params=model.parameters(),
-            batch_loss=batch_loss,
-            after_step=lambda: self.on_local_step_end(model),
-        )
-        upload = flat_difference(model, received)  # w_k − w, one pass per parameter
-        return ClientResult(upload=upload, num_samples=done.num_samples, loss=done.loss)
-
-    # ------------------------------------------------------------------ the local-training routine
-    def local_train(
-        self,
-        *,
-        client_id: int,
-        round_idx: int,
-        params: ParamsT,
-        batch_loss: Callable[[Tensor, Tensor], Tensor],
-        after_step: Callable[[], None] | None = None,
-        after_epoch: Callable[[int], bool] | None = None,
-        writes_gradients: bool = False,
-    ) -> LocalTraining:
-        """Local mini-batch training of ``params`` on one client's data, in place, by the round's runner.
-
-        Runs ``local_epochs`` (or ``local_steps``) steps with the optimiser of
-        :meth:`make_client_optimizer`: batches and augmentation from the client's own streams,
-        ``batch_loss(x, y)`` (which may draw from its own streams, e.g. masks or gates),
-        ``loss.backward()``, clipping to ``max_grad_norm``, the optimiser step, then
-        ``after_step()``. ``after_epoch(epochs_done)`` is called after each whole pass over
-        the data (``local_epochs`` mode only) and ends local training by returning true
-        (client-side early stopping; ``local_epochs`` is then the cap). With
-        ``writes_gradients``, ``batch_loss`` writes every trained parameter's gradient itself
-        (a step taken by hand, e.g. :meth:`fedlightning.methods.zampling.SampledNetwork.fused_gradient_`)
-        and returns the loss: no backward pass is run. The ``fused`` backend takes the engine's
-        own cross-entropy steps by hand (:mod:`fedlightning.federated.local.fused`).
-        """
-        program = LocalProgram(
-            params=params,
-            batch_loss=batch_loss,
-            after_step=after_step,
-            after_epoch=after_epoch,
-            writes_gradients=writes_gradients,
-        )
-        return self.local_runner.train(self, client_id=client_id, round_idx=round_idx, program=program)
-
-    # ------------------------------------------------------------------ helpers for methods
-    def client_data(self, client_id: int) -> tuple[Tensor, Tensor]:
-        """The client's features and targets, on this module's device."""
-        x, y = self.datamodule.client_tensors(client_id)
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-
-    def client_batches(self, *, client_id: int, round_idx: int, num_samples: int) -> Iterable[Tensor]:
-        """Mini-batch indices of one client in one round, from its own random stream."""
-        return local_batches(
-            num_samples=num_samples,
-            batch_size=self.batch_size,
-            epochs=self.local_epochs,
-            steps=self.local_steps,
-            generator=self.generator(round_idx, client_id, "batches"),
-        )
 
     # ------------------------------------------------------------------ the round
     def training_step(self, batch: Any, batch_idx: int) -> None:
@@ -597,7 +468,7 @@ class FederatedModule(RoundContext, HeldOutEvaluation):
         optimizer = self.optimizers()
         optimizer.zero_grad()  # type: ignore[union-attr]  # gradients set to None: a step without one is a no-op
         if apply and rnd.aggregator.empty:  # (a round a callback skipped says why itself)
-            log.warning("Round %d: no upload reached the server; the server state is unchanged.", rnd.round_idx)
+            log.warning("Round %d: no upload reached the server; the server state is unchanged.", rnd.round_idx + 1)
         applied = apply and not rnd.aggregator.empty
         if applied and self.sets_server_state:
             self.set_server_state(round_idx=rnd.round_idx, aggregator=rnd.aggregator)

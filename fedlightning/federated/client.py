@@ -1,0 +1,163 @@
+"""What a client does in a round, as a method says it: the engine's client hooks (a mixin of the engine).
+
+A method overrides these hooks to change its clients' local work (its loss, a penalty on the
+parameters, the step hook, the optimiser, the batches, or the whole ``client_update``); the
+round's client runner (:mod:`fedlightning.federated.local`) executes them. The default is
+FedAvg's client (arXiv 1602.05629): local SGD from the broadcast, uploading the model delta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+import torch
+from torch import Tensor, nn
+
+from fedlightning.federated.batches import local_batches
+from fedlightning.federated.local import ClientResult, ClientRunner, LocalProgram, LocalTraining
+from fedlightning.federated.params import assign_flat_, flat_difference, unflatten_like
+from fedlightning.federated.rng import torch_generator
+from fedlightning.federated.rounds import RoundContext
+
+if TYPE_CHECKING:
+    from fedlightning.datamodules.base import FederatedDataModule
+    from fedlightning.federated.module import FederatedModule
+
+__all__ = ["ClientWork", "ParamsT"]
+
+ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
+
+
+class ClientWork(RoundContext):
+    """The client hooks of :class:`~fedlightning.federated.module.FederatedModule`."""
+
+    local_work_hooks: ClassVar[tuple[str, ...]] = ("client_update", "local_train", "local_loss", "on_local_step_end")
+    """The hooks that make up a client's local work: a backend that serves a class's local work
+    serves a subclass that overrides none of them."""
+    hand_stepped: ClassVar[bool] = False
+    """True: the method's clients take their steps by hand on the ``fused`` backend's layers
+    (:attr:`ClientRunner.layers`) when it runs, with any client optimiser."""
+
+    # set by the engine's constructor
+    loss_fn: nn.Module
+    local_runner: ClientRunner
+    batch_size: int
+    local_epochs: int
+    local_steps: int | None
+    max_grad_norm: float | None
+    seed: int
+
+    @property
+    def client_model(self) -> nn.Module:
+        """The one reusable model that every client trains in turn."""
+        return self.__dict__["_client_model"]
+
+    @property
+    def datamodule(self) -> FederatedDataModule:
+        """The federated data: client tensors, sizes, validation and test loaders."""
+        return self.__dict__["_datamodule"]
+
+    def generator(self, round_idx: int, client_id: int, purpose: str) -> torch.Generator:
+        """The CPU generator of stream (run seed, round, client, purpose)."""
+        return torch_generator(seed=self.seed, round_idx=round_idx, client_id=client_id, purpose=purpose)
+
+    # ------------------------------------------------------------------ method hooks: client
+    def local_loss(self, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        """Loss of one local mini-batch (default: cross-entropy)."""
+        return self.loss_fn(model(x), y)
+
+    def local_penalty(self, params: Mapping[str, Tensor], received: Mapping[str, Tensor]) -> Tensor | None:
+        """A term added to every local mini-batch loss, of the client's parameters and the ones it received.
+
+        ``None`` (the default): no term. A pure function of its arguments (e.g. FedProx's
+        (μ/2)‖w − w_t‖²), so every backend adds it: the loop to the model's loss, the vectorised
+        backend inside its batched loss.
+        """
+        return None
+
+    def make_client_optimizer(self, params: ParamsT, *, client_id: int, round_idx: int) -> torch.optim.Optimizer:
+        """The optimiser of one client in one round (override for per-client step sizes)."""
+        factory = self._round_optimizer if self._round_optimizer is not None else self.client_optimizer
+        return factory(params)
+
+    def on_local_step_end(self, model: nn.Module) -> None:
+        """Called after each local optimiser step of the default client (e.g. a projection)."""
+
+    def client_update(self, *, client_id: int, round_idx: int, received: Tensor) -> ClientResult:
+        """Local training on one client from the broadcast it decoded; uploads the model delta."""
+        model = self.client_model
+        assign_flat_(model, received)
+        if not model.training:
+            model.train()
+        batch_loss: Callable[[Tensor, Tensor], Tensor] = lambda x, y: self.local_loss(model, x, y)  # noqa: E731
+        if type(self).local_penalty is not ClientWork.local_penalty:
+            params = dict(model.named_parameters())
+            start = dict(zip(params, unflatten_like(received, params.values()), strict=True))  # views, no copy
+
+            def batch_loss(x: Tensor, y: Tensor) -> Tensor:
+                loss = self.local_loss(model, x, y)
+                penalty = self.local_penalty(params, start)
+                return loss if penalty is None else loss + penalty
+
+        done = self.local_train(
+            client_id=client_id,
+            round_idx=round_idx,
+            params=model.parameters(),
+            batch_loss=batch_loss,
+            after_step=lambda: self.on_local_step_end(model),
+        )
+        upload = flat_difference(model, received)  # w_k − w, one pass per parameter
+        return ClientResult(upload=upload, num_samples=done.num_samples, loss=done.loss)
+
+    # ------------------------------------------------------------------ the local-training routine
+    def local_train(
+        self,
+        *,
+        client_id: int,
+        round_idx: int,
+        params: ParamsT,
+        batch_loss: Callable[[Tensor, Tensor], Tensor],
+        after_step: Callable[[], None] | None = None,
+        after_epoch: Callable[[int], bool] | None = None,
+        writes_gradients: bool = False,
+    ) -> LocalTraining:
+        """Local mini-batch training of ``params`` on one client's data, in place, by the round's runner.
+
+        Runs ``local_epochs`` (or ``local_steps``) steps with the optimiser of
+        :meth:`make_client_optimizer`: batches and augmentation from the client's own streams,
+        ``batch_loss(x, y)`` (which may draw from its own streams, e.g. masks or gates),
+        ``loss.backward()``, clipping to ``max_grad_norm``, the optimiser step, then
+        ``after_step()``. ``after_epoch(epochs_done)`` is called after each whole pass over
+        the data (``local_epochs`` mode only) and ends local training by returning true
+        (client-side early stopping; ``local_epochs`` is then the cap). With
+        ``writes_gradients``, ``batch_loss`` writes every trained parameter's gradient itself
+        (a step taken by hand, e.g. :meth:`fedlightning.methods.zampling.SampledNetwork.fused_gradient_`)
+        and returns the loss: no backward pass is run. The ``fused`` backend takes the engine's
+        own cross-entropy steps by hand (:mod:`fedlightning.federated.local.fused`).
+        """
+        program = LocalProgram(
+            params=params,
+            batch_loss=batch_loss,
+            after_step=after_step,
+            after_epoch=after_epoch,
+            writes_gradients=writes_gradients,
+        )
+        engine = cast("FederatedModule", self)
+        return self.local_runner.train(engine, client_id=client_id, round_idx=round_idx, program=program)
+
+    # ------------------------------------------------------------------ helpers for methods
+    def client_data(self, client_id: int) -> tuple[Tensor, Tensor]:
+        """The client's features and targets, on this module's device."""
+        x, y = self.datamodule.client_tensors(client_id)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def client_batches(self, *, client_id: int, round_idx: int, num_samples: int) -> Iterable[Tensor]:
+        """Mini-batch indices of one client in one round, from its own random stream."""
+        return local_batches(
+            num_samples=num_samples,
+            batch_size=self.batch_size,
+            epochs=self.local_epochs,
+            steps=self.local_steps,
+            generator=self.generator(round_idx, client_id, "batches"),
+        )
