@@ -85,6 +85,26 @@ def _user_errors(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise ConfigError(str(exc)) from None
 
 
+def refuse_missing_accelerator(trainer: Mapping[str, Any]) -> None:
+    """Refuse, in one sentence and before any data is read, a GPU accelerator or GPU count this machine lacks."""
+    accelerator = str(trainer.get("accelerator", "cpu")).lower()
+    if accelerator not in ("gpu", "cuda"):
+        return
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    devices = trainer.get("devices", 1)
+    wanted = devices if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0 else 1
+    if available == 0:
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} needs a CUDA GPU and this machine has none "
+            "(torch.cuda.is_available() is false); use trainer.accelerator=cpu."
+        )
+    if wanted > available:
+        raise ConfigError(
+            f"trainer.devices={wanted} asks for more GPUs than this machine's {available}; "
+            f"set trainer.devices={available} or fewer."
+        )
+
+
 def configure_threads(threads: int | str | None) -> int:
     """Set torch's intra-op threads per process: ``auto``, a count, or ``None`` (keep torch's).
 
@@ -151,6 +171,7 @@ def run(
     output_dir.mkdir(parents=True, exist_ok=True)
     validate_config(cfg)
     refuse_unread_overrides(cfg, overrides)
+    refuse_missing_accelerator(cfg.trainer)
     manage = int(getattr(rank_zero_only, "rank", 0)) == 0  # the first process keeps the folder
     config = run_config(cfg)
     with locked(output_dir) if manage else contextlib.nullcontext():

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig
@@ -253,6 +254,17 @@ def test_run_checks_the_schema_before_building_anything(composer: Composer, tmp_
     ):
         run(composer(["rounds=2.5"]), tmp_path)
     assert not (tmp_path / "partition.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("accelerator", ["gpu", "cuda"])
+def test_a_gpu_accelerator_on_a_machine_without_one_is_refused_before_any_data_is_read(
+    composer: Composer, tmp_path: Path, accelerator: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        run(composer(["rounds=1", f"trainer.accelerator={accelerator}"]), tmp_path)
+    _assert_one_sentence(str(info.value), [f"trainer.accelerator={accelerator} needs a CUDA GPU", "accelerator=cpu"])
+    assert not (tmp_path / "partition.json").exists() and not (tmp_path / "run.json").exists()
 
 
 @pytest.mark.parametrize(("overrides", "fragments"), RUN_CASES.values(), ids=RUN_CASES)
