@@ -27,6 +27,7 @@ from fedlightning.federated.local.base import (
     LocalProgram,
     LocalTraining,
     engine_base,
+    overrides,
     own_local_work,
     resolved_optimizer_factory,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "check_local_execution",
     "choose_runner",
     "engine_base",
+    "overrides",
     "own_local_work",
     "resolved_optimizer_factory",
 ]

@@ -27,6 +27,7 @@ __all__ = [
     "LocalProgram",
     "LocalTraining",
     "engine_base",
+    "overrides",
     "own_local_work",
     "resolved_optimizer_factory",
 ]
@@ -97,8 +98,19 @@ def own_local_work(cls: type, base: type, hooks: tuple[str, ...], engine_work: s
     >>> own_local_work(Own, Base, ("local_loss",), "the engine's local SGD")
     "its local work is its own (local_loss), not the engine's local SGD"
     """
-    own = [h for h in hooks if getattr(cls, h, None) is not getattr(base, h, None)]  # (a hook base lacks is own)
+    own = [h for h in hooks if overrides(cls, base, h)]
     return f"its local work is its own ({', '.join(own)}), not {engine_work}" if own else None
+
+
+def overrides(cls: type, base: type, hook: str) -> bool:
+    """Whether ``cls`` defines ``hook`` otherwise than ``base`` (a hook ``base`` lacks counts as defined).
+
+    >>> class Base:
+    ...     def local_loss(self): ...
+    >>> overrides(type("Own", (Base,), {"local_loss": lambda self: None}), Base, "local_loss")
+    True
+    """
+    return getattr(cls, hook, None) is not getattr(base, hook, None)
 
 
 def engine_base(cls: type) -> type:

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlightning.errors import ConfigError
-from fedlightning.federated.local.base import LocalProgram, LocalTraining, engine_base, own_local_work
+from fedlightning.federated.local.base import LocalProgram, LocalTraining, engine_base, overrides, own_local_work
 from fedlightning.federated.local.loop import LoopRunner
 from fedlightning.federated.local.steps import in_place_step, sgd_step_
 from fedlightning.models.linear import LogisticRegression
@@ -302,6 +302,16 @@ def cross_entropy_chain_refusal(module: FederatedModule) -> str | None:
     return None if reason is None else f"its model cannot: {reason}"
 
 
+def _unserved_optimizer(optimizer: torch.optim.Optimizer, layers: Sequence[nn.Linear]) -> str | None:
+    """Why :func:`fused_sgd_step_` and :func:`sgd_step_` cannot take ``optimizer``'s steps of ``layers``."""
+    if in_place_step(optimizer) is not sgd_step_:
+        return "the client optimiser is not a plain torch.optim.SGD without step hooks"
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if trained != {id(p) for layer in layers for p in layer.parameters()}:
+        return "the client optimiser does not train exactly the model's parameters"
+    return None
+
+
 class FusedRunner(LoopRunner):
     """``fused``: each client in turn, each step by :func:`fused_sgd_step_` (or the method's own hand-taken step).
 
@@ -322,7 +332,7 @@ class FusedRunner(LoopRunner):
         own = own_local_work(type(module), owner, module.local_work_hooks, "the engine's cross-entropy steps")
         if own:
             return own
-        if own_local_work(type(module), engine_base(type(module)), ("local_penalty",), ""):
+        if overrides(type(module), engine_base(type(module)), "local_penalty"):
             return "its local loss adds a term (local_penalty) that the hand-taken steps do not differentiate"
         if not owner.hand_stepped:  # type: ignore[attr-defined]
             if module.max_grad_norm is not None:
@@ -342,16 +352,13 @@ class FusedRunner(LoopRunner):
         optimizer = module.make_client_optimizer(program.params, client_id=client_id, round_idx=round_idx)
         layers = self._layers
         assert layers is not None, "begin_round was not called"
-        why = None
-        trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
         if program.writes_gradients:  # the method's own hand-taken step; the optimiser applies it as usual
-            pass
-        elif in_place_step(optimizer) is not sgd_step_:
-            why = "the client optimiser is not a plain torch.optim.SGD without step hooks"
-        elif trained != {id(p) for layer in layers for p in layer.parameters()}:
-            why = "the client optimiser does not train exactly the model's parameters"
-        if program.writes_gradients or why is not None:
-            if why is not None and self.strict:
+            return self._autograd_steps(
+                module, client_id=client_id, round_idx=round_idx, program=program, optimizer=optimizer
+            )
+        why = _unserved_optimizer(optimizer, layers)
+        if why is not None:
+            if self.strict:
                 raise ConfigError(
                     f"local_execution=fused cannot take {type(module).__name__}'s local steps: {why}; "
                     "set local_execution=auto or loop."

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlightning.errors import ConfigError
-from fedlightning.federated.local.base import ClientResult, ClientRunner, engine_base, own_local_work
+from fedlightning.federated.local.base import ClientResult, ClientRunner, engine_base, overrides, own_local_work
 from fedlightning.federated.local.stacked_optim import StackedOptimizer, refusal, stacked_optimizer
 from fedlightning.federated.params import unflatten_like
 
@@ -315,7 +315,7 @@ class VectorisedRunner(ClientRunner):
         optimizer = stacked_optimizer(module.round_client_optimizer)
         assert optimizer is not None, "refusal() was not asked"
         base = engine_base(type(module))
-        if own_local_work(type(module), base, ("make_client_optimizer",), ""):
+        if overrides(type(module), base, "make_client_optimizer"):
             optimizer.set_client_lr(client_rates(module, share=share, round_idx=round_idx))
         final, first_loss, mean_loss = train_stacked(
             model=model,
@@ -326,7 +326,7 @@ class VectorisedRunner(ClientRunner):
             optimizer=optimizer,
             task=module.task,
             max_grad_norm=module.max_grad_norm,
-            penalty=module.local_penalty if own_local_work(type(module), base, ("local_penalty",), "") else None,
+            penalty=module.local_penalty if overrides(type(module), base, "local_penalty") else None,
         )
         uploads = torch.cat([final[n].reshape(len(share), -1) for n in named], dim=1) - start_vector
         took = torch.tensor([len(b) > 0 for b in data.schedules], device=first_loss.device)
