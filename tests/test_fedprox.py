@@ -89,3 +89,14 @@ def test_the_fused_backend_refuses_a_penalised_loss_and_auto_takes_the_loop() ->
 def test_a_negative_mu_is_refused_in_one_sentence() -> None:
     with pytest.raises(ConfigError, match=r"^method\.mu is FedProx's proximal weight μ and must be at least 0"):
         FedProx(model=_gn_model(), datamodule=DigitsDataModule(num_clients=3), mu=-0.1)
+
+
+def test_a_penalty_that_a_methods_own_client_update_would_ignore_is_refused_in_one_sentence() -> None:
+    from fedlightning.methods import FedIHT
+
+    class PenalisedIHT(FedIHT):  # FedIHT trains its clients through its own client_update
+        def local_penalty(self, params: Any, received: Any) -> torch.Tensor:
+            return proximal_term(params, received, mu=0.1)
+
+    with pytest.raises(ConfigError, match=r"^PenalisedIHT defines local_penalty but has its own client_update"):
+        PenalisedIHT(model=_gn_model(), datamodule=DigitsDataModule(num_clients=3), density=0.5)

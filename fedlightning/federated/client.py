@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlightning.federated.batches import local_batches
-from fedlightning.federated.local import ClientResult, ClientRunner, LocalProgram, LocalTraining
+from fedlightning.federated.local import ClientResult, ClientRunner, LocalProgram, LocalTraining, overrides
 from fedlightning.federated.params import assign_flat_, flat_difference, unflatten_like
 from fedlightning.federated.rng import torch_generator
 from fedlightning.federated.rounds import RoundContext
@@ -24,9 +24,19 @@ if TYPE_CHECKING:
     from fedlightning.datamodules.base import FederatedDataModule
     from fedlightning.federated.module import FederatedModule
 
-__all__ = ["ClientWork", "ParamsT"]
+__all__ = ["ClientWork", "ParamsT", "ignored_penalty"]
 
 ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
+
+
+def ignored_penalty(cls: type) -> str | None:
+    """Why ``cls``'s ``local_penalty`` would be ignored: its own ``client_update``, not the engine's, trains it."""
+    if overrides(cls, ClientWork, "local_penalty") and overrides(cls, ClientWork, "client_update"):
+        return (
+            f"{cls.__name__} defines local_penalty but has its own client_update, which does not add it to the "
+            "local loss (the engine's client_update does); add the term to its local_loss instead."
+        )
+    return None
 
 
 class ClientWork(RoundContext):

@@ -64,7 +64,7 @@ from fedlightning.cuda_check import drop_unusable_nvml_check
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import ESTIMATORS, Aggregator, Estimator, WeightedMean, accumulate_upload
 from fedlightning.federated.channel import Channel, DownlinkChannel
-from fedlightning.federated.client import ClientWork, ParamsT
+from fedlightning.federated.client import ClientWork, ParamsT, ignored_penalty
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.divergence import DivergencePolicy, DivergenceWatch, check_server_state, upload_check
 from fedlightning.federated.evaluation import HeldOutEvaluation
@@ -190,6 +190,8 @@ class FederatedModule(ClientWork, HeldOutEvaluation):
             has_server_optimizer=server_optimizer is not None,
             model=model,
         )
+        if (penalty := ignored_penalty(type(self))) is not None:
+            raise ConfigError(penalty)
         self.automatic_optimization = False
         self.model = model
         self.__dict__["_client_model"] = copy.deepcopy(model)  # hidden: not registered, not checkpointed
