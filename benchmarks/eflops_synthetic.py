@@ -3,7 +3,7 @@
     python benchmarks/eflops_synthetic.py [--ratios 0.05 0.1 0.2 0.5 1 2] [--seeds 5]
         [--heterogeneity 0 0.5] [--snr 10 2] [--rounds 50] [--tune-seeds 2] [--lrs 0.001 0.003 0.01]
         [--lambda-steps 10 100 1000] [--temperatures 0.001 10] [--variants 'eflops, T = 0' ...]
-        [--variant-ratios 0.1] [--jobs 2] [--out benchmarks/results/eflops_synthetic.md]
+        [--variant-ratios 0.1] [--jobs 2] [--out outputs/eflops/synthetic.md]
 
 d = 500 features (|θ| = 501), a k = 10-sparse truth, 5 clients (IID: h = 0; heterogeneous:
 feature means μ_c ~ N(0, h² I)), ρ = 0.02 (m = 10), experiment ``sparse_regression_eflops``.
@@ -136,8 +136,9 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS))
     parser.add_argument("--variant-ratios", type=float, nargs="*", default=[0.1])
     parser.add_argument("--jobs", type=int, default=1, help="worker processes for the federated runs")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "eflops_synthetic.md"))
+    parser.add_argument("--out", default=str(REPO / "outputs" / "eflops" / "synthetic.md"))
     args = parser.parse_args()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)
     started = time.time()

@@ -1,7 +1,7 @@
 """Golub leukemia: E-FLoPS vs Fed-IHT vs FedAvg + pruning vs centralised references, one command.
 
     python benchmarks/golub_comparison.py [--seeds 30] [--ablation-seeds 10] [--tune-seeds 2]
-        [--data-root ../shared/data] [--out benchmarks/results/eflops_golub.md]
+        [--data-root ../shared/data] [--out outputs/eflops/golub.md]
 
 1. Tuning, the same protocol for every method: each point of the method's grid (the same SGD
    learning rates for all; E-FLoPS also the λ step and T) runs on the tuning seeds (100, 101, ...)
@@ -123,8 +123,9 @@ def main() -> None:
     parser.add_argument("--ablations", nargs="*", default=list(ABLATIONS), choices=list(ABLATIONS))
     parser.add_argument("--ablations-only", action="store_true", help="tuning and ablations, no evaluation")
     parser.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"))
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "eflops_golub.md"))
+    parser.add_argument("--out", default=str(REPO / "outputs" / "eflops" / "golub.md"))
     args = parser.parse_args()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)
     started = time.time()

@@ -1,6 +1,6 @@
 """The benchmark suite: fedlightning side by side with a plain loop, pfl-research and Flower.
 
-    python benchmarks/run.py [--quick] --json FILE [--markdown FILE] [--repetitions 3]
+    python benchmarks/run.py [--quick] [--json FILE] [--markdown FILE] [--repetitions 3]
 
 Runs workloads S0, S1, S2, S3, S5, S7 (see ``benchmarks/perf/workloads.py``), interleaved:
 repetition r runs every (workload, system) pair once, in an order shuffled per repetition, so
@@ -10,6 +10,11 @@ it records the load of other processes during each run; medians are taken over t
 when there are any (the table says which). Peers are installed on first use into virtual
 environments under ``--cache`` and skipped with a note when they cannot be installed. Not part
 of the test suite.
+
+The JSON (default ``benchmarks/results/performance.json``, overwritten by each campaign) holds
+the medians, the command and date, and every run's record; each run's folder goes beside it in
+``<json stem>_runs/`` (not tracked), and so does the Markdown table unless ``--markdown`` says
+where. ``benchmarks/results/performance.md`` is written by hand from these tables.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from benchmarks.perf import measure, peers, report
 from benchmarks.perf.workloads import MLP_MACS, Workload, workloads
 
 DEFAULT_ROOT = "/work/shared/data"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "performance.json"
 
 
 def run_one(cmd: list[str], env: dict[str, str], w: Workload, *, timeout_s: float, log: Path) -> dict[str, Any]:
@@ -88,8 +94,8 @@ def run_one(cmd: list[str], env: dict[str, str], w: Workload, *, timeout_s: floa
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="short runs (S1/S3/S5 on a labelled subset)")
-    p.add_argument("--json", required=True, type=Path)
-    p.add_argument("--markdown", type=Path, default=None, help="default: the JSON path with .md")
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="default: benchmarks/results/performance.json")
+    p.add_argument("--markdown", type=Path, default=None, help="default: table.md in the JSON's runs folder")
     p.add_argument("--repetitions", type=int, default=3)
     p.add_argument("--root", default=DEFAULT_ROOT, help="folder holding MNIST/raw and golub/")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "fedlightning-bench")
@@ -193,7 +199,7 @@ def main() -> None:
         "stopped_early": a.stop_after is not None and time.monotonic() - started > a.stop_after,
     }
     a.json.write_text(json.dumps({**summary, "meta": meta, "runs": runs}, indent=1))
-    md = a.markdown or a.json.with_suffix(".md")
+    md = a.markdown or out_dir / "table.md"
     md.write_text(report.markdown(summary, meta))
     print(f"[bench] wrote {a.json} and {md} in {meta['suite_wall_s']:.0f} s", flush=True)
 

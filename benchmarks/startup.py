@@ -4,8 +4,8 @@
 
 Each run is a fresh ``python -m fedlightning.cli <overrides>`` (one at a time; ``-m``, which
 Lightning's own DDP launcher needs to re-run the command), in ``--tree``'s checkout (default:
-this one), with ``benchmarks/first_round.py`` as
-a callback; its run folder goes under ``--out``. Wall is from just before the launch to the
+this one), with this file's :class:`FirstRound` as a callback (``PYTHONPATH`` holds
+``benchmarks/``); its run folder goes under ``--out``. Wall is from just before the launch to the
 start of round 1; CPU is the first process's user + system seconds at that point (the load of
 other processes inflates wall far more than CPU).
 """
@@ -21,9 +21,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import lightning as L
 
 HERE = Path(__file__).resolve().parent
 LINE = re.compile(r"first round: wall ([\d.]+) s, CPU ([\d.]+) s")
+
+
+class FirstRound(L.Callback):
+    """Prints wall seconds since ``$T0`` and this process's CPU seconds when round 1 starts."""
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == 0:
+            launched = float(os.environ.get("T0", "nan"))
+            print(f"first round: wall {time.time() - launched:.3f} s, CPU {time.process_time():.3f} s", flush=True)
 
 
 def one(tree: Path, overrides: list[str], run_dir: Path) -> tuple[float, float]:
@@ -34,7 +46,7 @@ def one(tree: Path, overrides: list[str], run_dir: Path) -> tuple[float, float]:
         "-m",
         "fedlightning.cli",
         *overrides,
-        "+callbacks.first._target_=first_round.FirstRound",
+        "+callbacks.first._target_=startup.FirstRound",
         f"hydra.run.dir={run_dir}",
     ]
     env["T0"] = repr(time.time())

@@ -66,7 +66,8 @@ import torch
 from fedlightning.datamodules import IIDPartition, MNISTDataModule
 from fedlightning.methods import FedAvg
 from fedlightning.methods import zampling as zampling_method
-from fedlightning.methods.zampling import Zampling, frozen_fraction, probability_from_score
+from fedlightning.methods.zampling import Zampling, frozen_fraction
+from fedlightning.methods.zampling_estimators import probability_from_score
 from fedlightning.models import build_model
 from fedlightning.models.zampling import SparseQ, ZampledNetwork, ZampledWeights, row_fan_in, zampling_q
 from fedlightning.sampling import FullParticipation
