@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 from hydra.utils import instantiate
 
 from fedlightning.callbacks.compression import DownlinkCompression, UplinkCompression
+from fedlightning.federated.channel import MEMORY_KEY
 from fedlightning.run import run
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -18,11 +20,27 @@ DOWNLINK = sorted(p.stem for p in (CONFIGS / "downlink").glob("*.yaml") if p.ste
 
 
 @pytest.mark.parametrize("name", UPLINK)
-def test_uplink_configs_build(make_config: Any, name: str) -> None:
+def test_uplink_configs_build_an_operator_within_its_declared_variance(make_config: Any, name: str) -> None:
+    """ω for an unbiased operator (δ = ω + 1), δ ≥ 1 for a biased one, and the mean error of 20 draws within it.
+
+    The bounds hold in expectation: E‖C(x) − x‖² ≤ ω‖x‖² (unbiased), ≤ (1 − 1/δ)‖x‖² (biased);
+    the mean of 20 draws gets 20% slack.
+    """
     cfg = make_config([f"compressor={name}"])
     cb = instantiate(cfg.compressor)
     assert isinstance(cb, UplinkCompression)
-    assert cb.compressor.unbiased or cb.compressor.delta(1000) >= 1
+    op, d = cb.compressor, 1000
+    if op.unbiased:
+        omega = op.omega(d)
+        assert omega is not None and 0.0 <= omega < math.inf and op.delta(d) == pytest.approx(omega + 1.0)
+        bound = omega
+    else:
+        assert op.omega(d) is None and op.delta(d) >= 1.0
+        bound = 1.0 - 1.0 / op.delta(d)
+    x = torch.randn(d, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(1)
+    errors = [float((op(x, gen) - x).square().sum()) for _ in range(20)]
+    assert sum(errors) / len(errors) <= 1.2 * bound * float(x.square().sum()) + 1e-6
 
 
 @pytest.mark.parametrize("name", DOWNLINK)
@@ -41,11 +59,19 @@ def test_bidirectional_natural_run_counts_9_bits(make_config: Any, tmp_path: Pat
 
 
 def test_top_k_error_feedback_run_keeps_memory(make_config: Any, tmp_path: Path) -> None:
+    """Each client that trained holds e = (e + v) − C(e + v) in the checkpoint: non-zero, as long as the model."""
     cfg = make_config(
         ["rounds=2", "compressor=top_k_ef", "save_partition=false", "sampler=uniform", "clients_per_round=5"]
     )
     summary = run(cfg, tmp_path)
     assert summary["comm/uplink_compression"] > 50
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    state = checkpoint["client_state"]
+    memories = {cid: entries[MEMORY_KEY] for cid, entries in state.items() if MEMORY_KEY in entries}
+    dim = sum(p.numel() for name, p in checkpoint["state_dict"].items() if name.startswith("model."))
+    assert 5 <= len(memories) <= 10  # 5 clients a round, 2 rounds
+    for memory in memories.values():
+        assert memory.numel() == dim and int(torch.count_nonzero(memory)) > dim // 2  # top-k keeps a few coordinates
 
 
 def test_natural_and_standard_dithering_configs_send_different_bitstreams(make_config: Any, tmp_path: Path) -> None:

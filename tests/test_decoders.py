@@ -49,12 +49,12 @@ from fedlightning.compression.arithmetic import BernoulliRangeCodec, LatticeCode
 from fedlightning.compression.bitstream import BitWriter
 from fedlightning.compression.codecs import BFloat16Codec, BitPackCodec, Float16Codec, Float32Codec
 from fedlightning.compression.dithering import Dithering
+from fedlightning.compression.gated_sparse import GateMessageCodec, pack_gate_state
 from fedlightning.compression.index_coding import SparseCodec, decode_positions, encode_positions
 from fedlightning.compression.operators import Compressor
 from fedlightning.compression.values import Int8Values, NaturalValues
 from fedlightning.errors import MessageDecodeError
 from fedlightning.federated.message import Message
-from fedlightning.methods.eflops import GateMessageCodec, pack_gate_state
 
 MAX_NUMEL = 48
 

@@ -25,6 +25,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from fedlightning.callbacks.zampling_sensitivity import perturbation_draw
 from fedlightning.compression import (
     QSGD,
     AdaptiveRandomSparsification,
@@ -49,11 +50,12 @@ from fedlightning.compression import (
 )
 from fedlightning.compression.arithmetic import BernoulliRangeCodec, LatticeCodec
 from fedlightning.compression.codecs import BFloat16Codec, BitPackCodec, Float16Codec, Float32Codec
+from fedlightning.compression.gated_sparse import GateMessageCodec, pack_gate_state
+from fedlightning.compression.mask import MaskCodec
 from fedlightning.compression.operators import Compressor
 from fedlightning.federated.channel import ReplicaCodec
 from fedlightning.federated.message import Message
-from fedlightning.methods.eflops import GateMessageCodec, kl_to_constraint_pull, pack_gate_state
-from fedlightning.methods.zampling import MaskCodec, perturbation_draw
+from fedlightning.methods.eflops_lagrangian import kl_to_constraint_pull
 from fedlightning.models.mlp import MLP
 from fedlightning.models.ordered_dropout import od_architecture, ordered_units, sub_model_macs
 from fedlightning.models.zampling import diagonal_q

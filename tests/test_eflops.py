@@ -15,23 +15,18 @@ import pytest
 import torch
 from torch import nn
 
+from fedlightning.callbacks.declared import declared_callbacks
 from fedlightning.callbacks.sparse_report import SparseModelReport
+from fedlightning.compression.gated_sparse import GateMessageCodec, pack_gate_state, unpack_gate_state
 from fedlightning.compression.index_coding import encode_positions
 from fedlightning.compression.operators import Sign
 from fedlightning.errors import ConfigError
 from fedlightning.federated.params import flat_parameters
 from fedlightning.federated.payloads import Payload
-from fedlightning.methods.eflops import (
-    EFLoPS,
-    GatedUploadSums,
-    GateMessageCodec,
-    aggregate_gated_uploads,
-    expand_groups,
-    gated_top_m,
-    off_support_means,
-    pack_gate_state,
-    unpack_gate_state,
-)
+from fedlightning.methods.eflops import EFLoPS
+from fedlightning.methods.eflops_aggregation import GatedUploadSums, aggregate_gated_uploads
+from fedlightning.methods.eflops_off_support import expand_groups, off_support_means
+from fedlightning.methods.eflops_support import gated_top_m
 from fedlightning.models.hard_concrete import (
     expected_gate,
     expected_gate_tail,
@@ -174,7 +169,7 @@ def test_engine_contract() -> None:
     assert module.uplink_numel == 2 * 54 + 4 + 1
     for hook in ("configure_optimizers", "training_step", "on_train_batch_end", "on_test_epoch_end"):
         assert hook not in vars(EFLoPS), hook  # the engine's round and Lightning's hooks are not overridden
-    assert [type(cb) for cb in module.configure_callbacks()] == [SparseModelReport]
+    assert [type(cb) for cb in declared_callbacks(module)] == [SparseModelReport]
     assert set(module.server_metrics(1)) == {
         "eflops/lambda",
         "eflops/mean_prob_nonzero",
@@ -309,8 +304,7 @@ def test_message_regrow_rebuild_and_final_support_share_the_allocation(
     sent = unpack_gate_state(module.upload_message(theta, log_alpha, torch.tensor(0.0)))[2]
     assert torch.nonzero(sent).flatten().tolist() == support
     for final_support in ("top_m", "test_gate"):
-        module.final_support = final_support
-        out = module.final_parameters(theta, log_alpha)
+        out = _linear_module(support_allocation, final_support=final_support).final_parameters(theta, log_alpha)
         assert torch.nonzero(out).flatten().tolist() == support, final_support
     # regrow rebuild: one dense upload; the server closes every gate outside its own support
     agg = GatedUploadSums(dim=5, group_sizes=[4, 1], num_groups=0, pi_min=module.pi_min, senders_only=True)
@@ -532,10 +526,10 @@ def test_support_after_round_two_is_fixed_when_closed_and_revised_with_regrow(
 
 
 @pytest.mark.parametrize("method", ["eflops_cnn", "eflops", "fediht", "fedavg_prune"])
-def test_mnist_cnn_experiment_runs_every_method_at_its_defaults(
+def test_mnist_cnn_experiment_config_gives_every_method_the_shared_settings(
     method: str, make_config: Callable[..., object]
 ) -> None:
-    """The three methods of the MNIST CNN comparison share data, rounds and ρ = 0.025, each at its own defaults."""
+    """The methods of the MNIST CNN comparison compose with one data set, round count, ρ = 0.025 and client SGD."""
     cfg = make_config(["+experiment=eflops_mnist_cnn", f"method={method}"])
     assert cfg.method.density == 0.025 and cfg.rounds == 50 and cfg.data.num_clients == 10  # type: ignore[attr-defined]
     assert cfg.method.client_optimizer._target_ == "torch.optim.SGD"  # type: ignore[attr-defined]

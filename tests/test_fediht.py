@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedlightning.callbacks.declared import declared_callbacks
 from fedlightning.callbacks.sparse_report import SparseModelReport
 from fedlightning.compression.codecs import Float32Codec
 from fedlightning.compression.index_coding import SparseCodec
@@ -45,7 +46,7 @@ def test_fediht_payloads_and_engine_contract(client_threshold: str, uplink: Payl
     assert module.sets_server_state and module.supported_aggregation == ("normalised",)
     for hook in ("configure_optimizers", "training_step", "on_train_batch_end", "on_test_epoch_end"):
         assert hook not in vars(FedIHT), hook
-    assert [type(cb) for cb in module.configure_callbacks()] == [SparseModelReport]
+    assert [type(cb) for cb in declared_callbacks(module)] == [SparseModelReport]
     with pytest.raises(ConfigError, match="server_optimizer"):
         _fediht(server_optimizer=lambda params: torch.optim.SGD(params, lr=1.0))
 
@@ -67,7 +68,7 @@ def test_fedavg_prune_is_fedavg_with_a_pruned_evaluation() -> None:
     assert not module.sets_server_state and module.uplink_channel.payload is Payload.MODEL_DELTA
     assign_flat_(module.model, torch.tensor([3.0, 1.0, -2.0, 0.5]))
     assert module.evaluated_parameters().tolist() == [3.0, 0.0, -2.0, 0.0]
-    assert [type(cb) for cb in module.configure_callbacks()] == [SparseModelReport]
+    assert [type(cb) for cb in declared_callbacks(module)] == [SparseModelReport]
 
 
 def test_magnitude_prune_layer_scope() -> None:

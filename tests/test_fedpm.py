@@ -44,10 +44,16 @@ def test_fedpm_runs_and_p_stays_inside_eps(make_config, tmp_path: Path) -> None:
 
 
 def test_fedpm_carried_prior_differs_from_reset(make_config, tmp_path: Path) -> None:
+    """Beta(1, 1) plus K = 10 smoothed bits a round: α + β = 2 + 10 after a reset, 2 + 2·10 when carried."""
     args = ["method=fedpm", *DIGITS, "rounds=2", "method.local_steps=3"]
-    run(make_config([*args, "method.prior_reset=never"]), tmp_path / "never")
-    state = torch.load(tmp_path / "never" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    assert torch.allclose(state["alpha"] + state["beta"], torch.full_like(state["alpha"], 2.0 + 2 * 10))
+    states = {}
+    for reset in ("never", "every_round"):
+        run(make_config([*args, f"method.prior_reset={reset}"]), tmp_path / reset)
+        states[reset] = torch.load(tmp_path / reset / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    carried, reset = states["never"], states["every_round"]
+    assert torch.allclose(carried["alpha"] + carried["beta"], torch.full_like(carried["alpha"], 2.0 + 2 * 10))
+    assert torch.allclose(reset["alpha"] + reset["beta"], torch.full_like(reset["alpha"], 2.0 + 10))
+    assert not torch.allclose(carried["p"], reset["p"])  # the carried counts move the server's p differently
 
 
 def test_supermask_runs_centralised(make_config, tmp_path: Path) -> None:

@@ -5,11 +5,8 @@ from __future__ import annotations
 import functools
 import gc
 import itertools
-import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -18,7 +15,6 @@ import torch
 from hydra.utils import instantiate
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedlightning import lean_imports
 from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.datamodules import DigitsDataModule
 from fedlightning.datamodules.tensor_loader import shard_bounds, tensor_loader
@@ -214,49 +210,3 @@ def test_a_non_finite_update_with_a_finite_loss_is_still_quarantined() -> None:
     trainer.fit(module)
     assert trainer.callback_metrics["failures/quarantined"] == 1
     assert all(torch.isfinite(p).all() for p in module.model.parameters())
-
-
-def test_a_digits_run_reaches_its_first_round_without_torchvision_matplotlib_or_scipy_signal(tmp_path: Path) -> None:
-    # torchmetrics (imported by Lightning) would load all three when installed; the command hides
-    # them from it (fedlightning.lean_imports), and the label figure is drawn after training.
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    env.pop(lean_imports.ENV, None)
-    command = [
-        sys.executable,
-        "-m",
-        "fedlightning.cli",
-        "rounds=1",
-        "logger=none",
-        "trainer.enable_progress_bar=false",
-        "+callbacks.probe._target_=tests.import_probe.ImportsAtFirstRound",
-        f"hydra.run.dir={tmp_path}",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((tmp_path / "imports_at_first_round.json").read_text()) == []
-    for figure in ("label_distribution.png", "bits_vs_accuracy.png"):  # matplotlib still draws them at the end
-        assert (tmp_path / figure).read_bytes()[:4] == b"\x89PNG", figure
-
-
-def test_the_hook_hides_the_back_ends_only_while_torchmetrics_is_imported() -> None:
-    probe = (
-        "import sys, importlib.util, importlib.metadata; from fedlightning import lean_imports; "
-        "assert lean_imports.install(); import torchmetrics; "
-        "from torchmetrics.utilities.imports import _MATPLOTLIB_AVAILABLE, _TORCHVISION_AVAILABLE; "
-        "hooks = [f for f in sys.meta_path if type(f).__name__ == '_LeanTorchmetrics']; "
-        "print(bool(_MATPLOTLIB_AVAILABLE), bool(_TORCHVISION_AVAILABLE), len(hooks), "
-        "importlib.util.find_spec('matplotlib') is not None, bool(importlib.metadata.version('matplotlib')), "
-        "'torchvision' in sys.modules, 'scipy.signal' in sys.modules)"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.split() == ["False", "False", "0", "True", "True", "False", "False"]
-    off = {**os.environ, lean_imports.ENV: "0"}
-    done = subprocess.run(
-        [sys.executable, "-c", "from fedlightning import lean_imports; print(lean_imports.install())"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        env=off,
-    )
-    assert done.stdout.strip() == "False"

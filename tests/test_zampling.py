@@ -12,9 +12,19 @@ import pytest
 import torch
 from torch import Tensor
 
+from fedlightning.callbacks.declared import declared_callbacks
 from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation
+from fedlightning.callbacks.zampling_sensitivity import (
+    accuracy_deviation,
+    hypercube_indicator,
+    perturb_in_hypercube,
+    perturbation_draw,
+    perturbation_support,
+    relative_sensitivity,
+)
 from fedlightning.compression.arithmetic import BernoulliRangeCodec
 from fedlightning.compression.codecs import BitPackCodec
+from fedlightning.compression.mask import MaskCodec
 from fedlightning.compression.operators import Sign
 from fedlightning.datamodules import DigitsDataModule
 from fedlightning.errors import ConfigError, MessageDecodeError
@@ -28,24 +38,19 @@ from fedlightning.methods.zampling import (
     OPTIMIZER_KEY,
     RANGE_METRIC,
     XENT_METRIC,
-    ClippedScore,
-    MaskCodec,
     SampledNetwork,
-    SigmoidScore,
     Zampling,
-    accuracy_deviation,
     bernoulli_draw,
     frozen_fraction,
-    hypercube_indicator,
     mean_of_bits,
-    perturb_in_hypercube,
-    perturbation_draw,
-    perturbation_support,
+    trainable_size,
+)
+from fedlightning.methods.zampling_estimators import (
+    ClippedScore,
+    SigmoidScore,
     probability_from_score,
-    relative_sensitivity,
     score_estimator,
     score_from_probability,
-    trainable_size,
 )
 from fedlightning.models.mlp import MLP
 from fedlightning.models.zampling import (
@@ -607,7 +612,7 @@ def test_payloads_codecs_and_refusals() -> None:
     assert module.downlink_channel.payload is Payload.PROBABILITIES
     assert module.uplink_numel == module.n and module.sets_server_state
     assert module.uplink_channel.codec.name == BitPackCodec().name
-    assert [type(cb) for cb in module.configure_callbacks()] == [ZamplingEvaluation]
+    assert [type(cb) for cb in declared_callbacks(module)] == [ZamplingEvaluation]
     local = _zampling(dm, upload="probabilities")
     assert local.uplink_channel.payload is Payload.PROBABILITIES and local.client_metric_names == ()
     # arithmetic coding: the range coder's model is the broadcast p of the round
@@ -863,8 +868,8 @@ def test_batched_sampled_accuracies_equal_one_by_one_on_the_same_masks() -> None
     assert len(set(results[1].tolist())) > 1  # distinct masks, distinct scores
     for per_forward in (3, 7, 10):
         assert torch.equal(results[per_forward], results[1])
-    with pytest.raises(ConfigError, match="eval_networks_per_forward"):
-        _zampling(dm, eval_networks_per_forward=0)
+    with pytest.raises(ConfigError, match="eval_networks_per_forward"):  # the evaluation checks it when built
+        declared_callbacks(_zampling(dm, eval_networks_per_forward=0))
 
 
 def test_bitpacked_run_reports_the_range_coded_size_of_its_masks() -> None:

@@ -51,6 +51,7 @@ from fedlightning.errors import ConfigError
 from fedlightning.federated.channel import Channel, DownlinkChannel, ReplicaCodec
 from fedlightning.federated.hooks import FederatedCallback
 from fedlightning.federated.message import Message
+from fedlightning.federated.operator import Operator
 from fedlightning.federated.params import assign_flat_, flat_parameters
 from fedlightning.federated.rng import SERVER
 
@@ -164,7 +165,7 @@ def pending_state(message: Message) -> dict[str, Tensor]:
     }
 
 
-def pending_message(state: dict[str, Tensor], codec: Compressor, shape: tuple[int, ...]) -> Message:
+def pending_message(state: dict[str, Tensor], codec: Operator, shape: tuple[int, ...]) -> Message:
     """The message :func:`pending_state` stored, read by ``codec``."""
     bits = state["bits"].tolist()
     return Message(

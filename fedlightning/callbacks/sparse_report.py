@@ -1,8 +1,8 @@
 """``SparseModelReport``: the test-time report of a method whose evaluated network is sparse.
 
 Methods that evaluate a sparse network (E-FLoPS, Fed-IHT, FedAvg + pruning) implement
-``evaluated_parameters()`` (the flat parameters that validation and test use) and return this
-callback from Lightning's ``configure_callbacks()``, so every trainer that tests them gets it.
+``evaluated_parameters()`` (the flat parameters that validation and test use) and name this
+callback in ``needed_callbacks``; the runner attaches it (:mod:`fedlightning.callbacks.declared`).
 At the end of testing it logs ``model/density``, ``model/nonzero``, ``model/macs``,
 ``model/macs_dense`` and, with a known true support, ``test/support_recovery``
 (:func:`fedlightning.metrics.sparse_report.sparse_model_metrics`), and the global-zero

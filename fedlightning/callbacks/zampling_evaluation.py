@@ -31,8 +31,9 @@ evaluated. The round is that of the state being scored
 scores the best round's p with that round's masks, as a run that ended there would. Only
 classification tasks are scored.
 
-The module returns its instance from ``configure_callbacks()``, so every trainer that fits or
-tests it runs this callback.
+The module names it in ``needed_callbacks``; the runner attaches one instance to the trainer that
+fits and tests it (:mod:`fedlightning.callbacks.declared`), so the mask chosen on validation is
+the one scored on test.
 """
 
 from __future__ import annotations
@@ -45,22 +46,21 @@ from torch import Tensor
 from typing_extensions import override
 
 from fedlightning.callbacks.early_stopping import state_round
-from fedlightning.federated.rng import SERVER
-from fedlightning.methods.zampling import (
+from fedlightning.callbacks.zampling_sensitivity import (
+    Region,
     accuracy_deviation,
-    bernoulli_draw,
     perturbation_draw,
     perturbation_support,
     relative_sensitivity,
 )
-from fedlightning.models.zampling import ZampledNetwork
+from fedlightning.errors import ConfigError
+from fedlightning.federated.rng import SERVER
+from fedlightning.models.zampling import ZampledNetwork, bernoulli_draw
 
 if TYPE_CHECKING:
     from fedlightning.methods.zampling import Zampling
 
 __all__ = ["ZamplingEvaluation"]
-
-Region = Literal["hypercube", "complement"]
 
 
 class ZamplingEvaluation(L.Callback):
@@ -73,7 +73,7 @@ class ZamplingEvaluation(L.Callback):
         sensitivity_perturbations: perturbations of p inside C_τ per τ.
         sensitivity_samples: sampled networks per perturbed p.
         sensitivity_region: the perturbed coordinates
-            (:func:`~fedlightning.methods.zampling.perturbation_support`).
+            (:func:`~fedlightning.callbacks.zampling_sensitivity.perturbation_support`).
         networks_per_forward: sampled networks scored per batched forward (1: one by one).
     """
 
@@ -88,8 +88,17 @@ class ZamplingEvaluation(L.Callback):
         sensitivity_region: Region = "hypercube",
         networks_per_forward: int = 10,
     ) -> None:
+        if val_samples < 1 or test_samples < 1:
+            raise ConfigError("method.val_samples and method.test_samples must be at least 1.")
         if networks_per_forward < 1:
-            raise ValueError(f"networks_per_forward must be at least 1 (got {networks_per_forward}).")
+            raise ConfigError(
+                f"method.eval_networks_per_forward must be at least 1 (got {networks_per_forward}); "
+                "1 scores the sampled networks one by one."
+            )
+        for tau in sensitivity_taus:
+            perturbation_support(torch.zeros(1), float(tau), sensitivity_region)  # validates τ and region
+        if sensitivity_perturbations < 1 or sensitivity_samples < 1:
+            raise ConfigError("method.sensitivity_perturbations and method.sensitivity_samples must be at least 1.")
         self.networks_per_forward = int(networks_per_forward)
         self.val_samples = int(val_samples)
         self.test_samples = int(test_samples)
@@ -100,6 +109,11 @@ class ZamplingEvaluation(L.Callback):
         self._batches: list[tuple[Tensor, Tensor]] = []
         self._network: ZampledNetwork | None = None
         self._val_best_index: dict[int, int] = {}  # round → index of its best validation mask
+
+    @classmethod
+    def for_module(cls, module: Any) -> ZamplingEvaluation:
+        """The evaluation that ``module`` asks for: its ``evaluation_options`` (the ``method.*`` keys)."""
+        return cls(**module.evaluation_options)
 
     # ------------------------------------------------------------------ Lightning hooks
     @override
@@ -229,7 +243,8 @@ class ZamplingEvaluation(L.Callback):
         perturbed vectors p̃ = clip(p + ε_τ, 0, 1) is scored the same way. Sensitivity is the
         relative accuracy drop, deviation the drop in percentage points per unit ‖ε_τ‖₂
         (``deviation_full_*``: per unit ‖ε‖₂ of the whole N(0, I_n) draw, the reading the
-        paper's table is consistent with, see :func:`~fedlightning.methods.zampling.perturbation_draw`); all
+        paper's table is consistent with, see
+        :func:`~fedlightning.callbacks.zampling_sensitivity.perturbation_draw`); all
         are averaged over the perturbations (``_std``: their standard deviation).
         """
         gen = module.generator(state_round(module), SERVER, "zampling_sensitivity")

@@ -1,6 +1,7 @@
 """Bit-exact codecs for dense floats and binary vectors.
 
-Each codec writes a real bitstream; ``Message.num_bits`` is its exact length.
+Each codec writes a real bitstream; ``Message.num_bits`` is its exact length. The float32 codec
+the engine sends with lives in :mod:`fedlightning.federated.codecs` and is importable from here.
 
 >>> import torch
 >>> msg = Float32Codec().encode(torch.ones(266_610))
@@ -19,78 +20,10 @@ import torch
 from torch import Tensor
 
 from fedlightning.errors import MessageDecodeError
+from fedlightning.federated.codecs import DenseCodec, Float32Codec
 from fedlightning.federated.message import Message
 
 __all__ = ["BFloat16Codec", "BitPackCodec", "DenseCodec", "Float16Codec", "Float32Codec"]
-
-
-class DenseCodec:
-    """IEEE floating point, ``bits`` per coordinate, little-endian, no header."""
-
-    def __init__(self, *, dtype: torch.dtype, name: str) -> None:
-        self.dtype = dtype
-        self.name = name
-        self.bits_per_coordinate = torch.finfo(dtype).bits
-
-    def encode(self, x: Tensor) -> Message:
-        flat = x.detach().reshape(-1).to(device="cpu", dtype=self.dtype).contiguous()
-        if self.dtype == torch.bfloat16:  # NumPy has no bfloat16: ship the raw 16-bit words
-            flat = flat.view(torch.int16)
-        payload = flat.numpy().tobytes()
-        return Message(payload=payload, num_bits=8 * len(payload), codec=self, shape=tuple(x.shape))
-
-    def borrowed(self, x: Tensor) -> Message:
-        """The message of a CPU ``x`` that :meth:`reproduces` accepts, with no copy of its bytes.
-
-        Its payload is a read-only view of ``x``'s own float32 bytes, so it is the message
-        :meth:`encode` writes as long as ``x`` is not modified; the engine sends each upload once
-        and never modifies it after.
-
-        >>> x = torch.tensor([0.5, -2.0])
-        >>> msg = Float32Codec().borrowed(x)
-        >>> bytes(msg.payload) == Float32Codec().encode(x).payload, msg.num_bits, msg.payload.readonly
-        (True, 64, True)
-        """
-        if not (self.reproduces(x) and x.device.type == "cpu"):
-            raise ValueError(f"{self.name} lends the bytes of a float32 CPU tensor only (got {x.dtype} on {x.device}).")
-        words = x.detach().reshape(-1).contiguous().numpy()
-        payload = memoryview(words).cast("B").toreadonly()  # type: ignore[arg-type]  # ndarray is a buffer
-        return Message(payload=payload, num_bits=8 * len(payload), codec=self, shape=tuple(x.shape))
-
-    def decode(self, message: Message) -> Tensor:
-        numel = math.prod(message.shape)
-        expected = self.bits_per_coordinate * numel
-        if message.num_bits != expected:
-            raise MessageDecodeError(
-                f"{self.name}: a message of {numel} coordinates takes {expected} bits, this one has {message.num_bits}."
-            )
-        wire = torch.int16 if self.dtype == torch.bfloat16 else self.dtype
-        flat = torch.frombuffer(bytearray(message.payload), dtype=wire)
-        return flat.view(self.dtype).to(torch.float32).reshape(message.shape)
-
-    def analytic_bits(self, numel: int) -> int:
-        """Bits of a message with ``numel`` coordinates."""
-        return self.bits_per_coordinate * numel
-
-    def reproduces(self, x: Tensor) -> bool:
-        """Whether decoding ``x``'s message gives ``x`` back bit for bit (float32 on the float32 wire).
-
-        The payload then holds ``x``'s own bytes, so a sender that keeps ``x`` need not decode.
-
-        >>> x = torch.tensor([0.1, -3e38, float("nan")])
-        >>> Float32Codec().reproduces(x), Float16Codec().reproduces(x)
-        (True, False)
-        >>> torch.equal(Float32Codec().encode(x).decode().view(torch.int32), x.view(torch.int32))
-        True
-        """
-        return self.dtype == torch.float32 and x.dtype == torch.float32
-
-
-class Float32Codec(DenseCodec):
-    """Dense float32: 32 bits per coordinate, lossless for float32 tensors."""
-
-    def __init__(self) -> None:
-        super().__init__(dtype=torch.float32, name="float32")
 
 
 class Float16Codec(DenseCodec):

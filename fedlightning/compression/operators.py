@@ -30,6 +30,7 @@ Metadata (thesis arXiv 2207.00392, §1.6 conventions):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -120,6 +121,10 @@ class Compressor:
         if self.finite_output and not bool(np.isfinite(out.numpy()).all()):  # NumPy: far faster than torch on CPU
             raise r.error("the stream decodes to inf or NaN, which this operator never sends")
         return out.reshape(message.shape)
+
+    def blockwise(self, sizes: Sequence[int]) -> Compressor:
+        """This operator applied to consecutive blocks of ``sizes`` entries: layer-wise (:class:`Blockwise`)."""
+        return Blockwise(self, list(sizes))
 
     def __call__(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """``C(x)`` as the receiver decodes it, on ``x``'s device."""

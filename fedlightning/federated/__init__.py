@@ -1,29 +1,28 @@
-"""The federated engine: rounds, cohorts, channels, aggregators, client state, random streams.
-
-Names are imported lazily so that low-level modules (``message``, ``rng``) can be used by
-codecs without importing the round engine (which itself uses the codecs).
-"""
+"""The federated engine: rounds, cohorts, channels, aggregators, client state, random streams."""
 
 from __future__ import annotations
 
-from fedlightning._lazy import lazy_getattr
+from fedlightning.federated.aggregators import Aggregator, WeightedMean
+from fedlightning.federated.channel import Channel
+from fedlightning.federated.cohort import Cohort
+from fedlightning.federated.hooks import ClientSampler, FederatedCallback
+from fedlightning.federated.message import Codec, Message
+from fedlightning.federated.module import ClientResult, FederatedModule, LocalTraining
+from fedlightning.federated.payloads import Payload
+from fedlightning.federated.state import ClientStateStore
 
-_EXPORTS = {
-    "ClientResult": "module",
-    "LocalTraining": "module",
-    "Aggregator": "aggregators",
-    "WeightedMean": "aggregators",
-    "Channel": "channel",
-    "Payload": "payloads",
-    "FederatedModule": "module",
-    "ClientSampler": "hooks",
-    "FederatedCallback": "hooks",
-    "ClientStateStore": "state",
-    "Codec": "message",
-    "Message": "message",
-    "Cohort": "cohort",
-}
-
-__all__ = sorted(_EXPORTS)
-
-__getattr__ = lazy_getattr(__name__, _EXPORTS)
+__all__ = [
+    "Aggregator",
+    "Channel",
+    "ClientResult",
+    "ClientSampler",
+    "ClientStateStore",
+    "Codec",
+    "Cohort",
+    "FederatedCallback",
+    "FederatedModule",
+    "LocalTraining",
+    "Message",
+    "Payload",
+    "WeightedMean",
+]

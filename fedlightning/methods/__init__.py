@@ -18,25 +18,32 @@
 
 from __future__ import annotations
 
-from fedlightning._lazy import lazy_getattr
+from fedlightning.methods.dcsgd import DCSGD
+from fedlightning.methods.diana import DIANA, VRDIANA
+from fedlightning.methods.eflops import EFLoPS
+from fedlightning.methods.fedavg import FedAvg
+from fedlightning.methods.fedavg_prune import FedAvgPrune
+from fedlightning.methods.fediht import FedIHT
+from fedlightning.methods.fedpm import FedPM
+from fedlightning.methods.fedprox import FedProx
+from fedlightning.methods.fedshuffle import FedShuffle
+from fedlightning.methods.fjord import ExtendedFederatedDropout, FjORD
+from fedlightning.methods.supermask import Supermask
+from fedlightning.methods.zampling import Zampling
 
-_EXPORTS = {
-    "DCSGD": "dcsgd",
-    "DIANA": "diana",
-    "VRDIANA": "diana",
-    "EFLoPS": "eflops",
-    "FedAvg": "fedavg",
-    "FedAvgPrune": "fedavg_prune",
-    "FedIHT": "fediht",
-    "ExtendedFederatedDropout": "fjord",
-    "FedPM": "fedpm",
-    "FedProx": "fedprox",
-    "FedShuffle": "fedshuffle",
-    "FjORD": "fjord",
-    "Supermask": "supermask",
-    "Zampling": "zampling",
-}
-
-__all__ = sorted(_EXPORTS)
-
-__getattr__ = lazy_getattr(__name__, _EXPORTS)  # using one method family imports only that one
+__all__ = [
+    "DCSGD",
+    "DIANA",
+    "VRDIANA",
+    "EFLoPS",
+    "ExtendedFederatedDropout",
+    "FedAvg",
+    "FedAvgPrune",
+    "FedIHT",
+    "FedPM",
+    "FedProx",
+    "FedShuffle",
+    "FjORD",
+    "Supermask",
+    "Zampling",
+]

@@ -19,7 +19,7 @@ optimiser, log α with the same optimiser at ``method.log_alpha_lr`` (the two pa
 * the gate noise of each step is each active client's next draw from its own ``"gates"`` stream,
   drawn on the host as the loop draws it, then moved to the device once per step;
 * λ is kept per client in float64, as the loop's Python float, and enters the loss as float32;
-* the upload is the method's own ``_message`` of each client's final (θ̃, log α, λ).
+* the upload is the method's own :meth:`~EFLoPS.upload_message` of each client's final (θ̃, log α, λ).
 
 :func:`stacked_refusal` names every setting this does not reproduce (``off_support_gates=regrow``,
 client optimisers other than SGD/Adam/AdamW, augmenting data, dropout layers).
@@ -70,10 +70,10 @@ def stacked_refusal(method: EFLoPS) -> str | None:
 
     One sentence, without a final full stop, naming the config key.
     """
-    if method.off_support_gates == "regrow":
+    if method.off_support_gates.regrows:
         return (
-            "method.off_support_gates=regrow sums each client's gradients at its closed coordinates to regrow them, "
-            "which the stacked clients do not reproduce"
+            f"method.off_support_gates={method.off_support_gates.name} sums each client's gradients at its closed "
+            "coordinates to regrow them, which the stacked clients do not reproduce"
         )
     factory = method.round_client_optimizer
     why = optimiser_refusal(factory)
@@ -131,9 +131,8 @@ def stacked_client_updates(method: EFLoPS, *, round_idx: int, share: list[int], 
 
     gates = [method.generator(round_idx, client_id, "gates") for client_id in share]
     temperature = method.temperature_at(round_idx)
-    screening = method.off_support_gates in ("closed", "regrow") and round_idx < 1
-    nonnegative = method.constraint == "inequality"
-    penalty, equality = method.penalty, method.constraint == "equality"
+    screening = method.off_support_gates.screening(round_idx)
+    nonnegative = method.constraint.nonnegative
     loss_fn = per_sample_loss(method.task)
     hc = method.hc
 
@@ -144,14 +143,7 @@ def stacked_client_updates(method: EFLoPS, *, round_idx: int, share: list[int], 
         z = hc.sample(la, u)
         gated = {n: theta[n] * zj.view_as(theta[n]) for n, zj in zip(names, torch.split(z, sizes), strict=True)}
         data_loss = (loss_fn(functional_call(model, gated, (xb,)), yb) * mb).sum() / count
-        dens = method.density_estimate(la)
-        c = method.constraint_value(dens)
-        loss = data_loss + lam * c
-        if penalty > 0:  # augmented Lagrangian
-            c_pos = c if equality else c.clamp_min(0.0)
-            loss = loss + 0.5 * penalty * c_pos**2
-        if temperature > 0:
-            loss = loss + temperature * method.kl_term(la)
+        loss, dens, c = method.lagrangian(data_loss, la, lam, temperature)
         return loss, data_loss, dens, c
 
     batched = torch.func.vmap(client_loss)

@@ -7,19 +7,17 @@ E-FLoPS' top-m, so the two are compared at equal density) or the ⌊ρ |θ_l|⌋
 parameter tensor (``scope="layer"``), without fine-tuning (E-FLoPS, arXiv 2607.00275,
 contrasts itself with "post-training pruning"). Validation and test evaluate the pruned
 network; its test-time report (``model/density``, MACs, selected features) comes from the
-:class:`~fedlightning.callbacks.sparse_report.SparseModelReport` callback.
+:class:`~fedlightning.callbacks.sparse_report.SparseModelReport` callback it declares.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-import lightning as L
 import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from fedlightning.callbacks.sparse_report import SparseModelReport
 from fedlightning.errors import ConfigError
 from fedlightning.federated.module import FederatedModule
 from fedlightning.federated.params import flat_parameters, num_parameters
@@ -53,6 +51,7 @@ class FedAvgPrune(FederatedModule):
         **kwargs: the :class:`FederatedModule` arguments.
     """
 
+    needed_callbacks = ("sparse_report",)  # the test-time sparse-model report (fedlightning.callbacks.declared)
     stateless_clients = True  # dense FedAvg clients; pruning happens on the server's model only
 
     def __init__(self, *, density: float, scope: Literal["global", "layer"] = "global", **kwargs: Any) -> None:
@@ -73,7 +72,3 @@ class FedAvgPrune(FederatedModule):
 
     def forward(self, x: Tensor) -> Tensor:
         return functional_call(self.model, unflatten(self.model, self.evaluated_parameters()), (x,))
-
-    def configure_callbacks(self) -> list[L.Callback]:
-        """The sparse-model report at test time (density, MACs, selected features)."""
-        return [SparseModelReport()]

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-import lightning as L
 import numpy as np
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedlightning.callbacks.sparse_report import SparseModelReport
 from fedlightning.compression.index_coding import SparseCodec
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import Aggregator, Estimator, WeightedMean
@@ -97,6 +95,7 @@ class FedIHT(FederatedModule):
     uplink_payload = Payload.SPARSE_MODEL
     downlink_payload = Payload.SPARSE_MODEL
     sets_server_state = True
+    needed_callbacks = ("sparse_report",)  # the test-time sparse-model report (fedlightning.callbacks.declared)
     client_weighting = "samples"
     stateless_clients = True  # a client trains from the broadcast H_τ(x) and keeps nothing
     supported_aggregation: ClassVar[tuple[Estimator, ...]] = ("normalised",)
@@ -171,7 +170,3 @@ class FedIHT(FederatedModule):
 
     def forward(self, x: Tensor) -> Tensor:
         return functional_call(self.model, unflatten(self.model, self.evaluated_parameters()), (x,))
-
-    def configure_callbacks(self) -> list[L.Callback]:
-        """The sparse-model report at test time (density, MACs, selected features)."""
-        return [SparseModelReport()]

@@ -229,14 +229,12 @@ class SliceChannel(Channel):
             self.slice_blocks[numel] = None
 
     def operator(self, numel: int) -> Any:
-        from fedlightning.compression.operators import Blockwise
-
         if self.compressor is not None and self.granularity == "layer" and numel in self.slice_blocks:
             sizes = self.slice_blocks[numel]
             if sizes is None:
                 raise ConfigError(self._ambiguous(self.compressor.name))
             if numel not in self._operators:
-                self._operators[numel] = Blockwise(self.compressor, sizes) if len(sizes) > 1 else self.compressor
+                self._operators[numel] = self.compressor.blockwise(sizes) if len(sizes) > 1 else self.compressor
             return self._operators[numel]
         return super().operator(numel)
 

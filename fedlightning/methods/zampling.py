@@ -17,7 +17,7 @@ One round of *Federated Zampling* (§"Our Framework") on the round engine
    (Adam, as in the paper);
 3. it samples z_new ~ Bernoulli(clip(s)) and uploads it (a Bernoulli-mask payload: n bits
    bit-packed, or range-coded with the broadcast p as the shared model, falling back to the
-   n bits where the range code would be longer, :class:`MaskCodec`);
+   n bits where the range code would be longer, :class:`~fedlightning.compression.mask.MaskCodec`);
 4. the server sets its state directly: p ← (1/K)·Σ_k z_new^k, the plain mean of the bits.
 
 *Local Zampling* is the same method with one client holding all data that uploads p_new
@@ -47,8 +47,7 @@ al., arXiv 1905.01067) and ``fedpm`` (the same, times p; Isik et al., arXiv 2209
 
 The sampled-network evaluation and the parameter-sensitivity study are the callback
 :class:`fedlightning.callbacks.zampling_evaluation.ZamplingEvaluation`, which the method
-adds to every trainer it is fitted or tested with (:meth:`Zampling.configure_callbacks`);
-this module holds the method and the pure maths both use.
+declares in ``needed_callbacks`` and the runner attaches (:mod:`fedlightning.callbacks.declared`).
 
 On the ``vectorised`` backend a share's clients train at once, their scores stacked
 (:meth:`Zampling.stacked_client_updates`, :mod:`fedlightning.methods.zampling_stacked`).
@@ -59,25 +58,28 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-import lightning as L
 import numpy as np
 import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
-from fedlightning.compression.arithmetic import BernoulliRangeCodec, LatticeCodec, bernoulli_cross_entropy_bits
+from fedlightning.compression.arithmetic import LatticeCodec, bernoulli_cross_entropy_bits
 from fedlightning.compression.codecs import BitPackCodec, Float32Codec
-from fedlightning.errors import ConfigError, MessageDecodeError
+from fedlightning.compression.mask import MaskCodec
+from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import Aggregator, WeightedMean
 from fedlightning.federated.local.fused import Pair, chain_gradients_
-from fedlightning.federated.message import Bitstream, Message
 from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT
 from fedlightning.federated.params import assign_flat_, num_parameters
 from fedlightning.federated.payloads import Payload
 from fedlightning.methods import zampling_stacked
+from fedlightning.methods.zampling_estimators import (
+    Estimator,
+    ScoreEstimator,
+    score_estimator,
+)
 from fedlightning.models.zampling import (
     SparseQ,
     ZampledNetwork,
@@ -87,37 +89,19 @@ from fedlightning.models.zampling import (
     zampling_q,
 )
 
-if TYPE_CHECKING:
-    from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation
-
 __all__ = [
     "OPTIMIZER_KEY",
     "RANGE_METRIC",
-    "SCORE_ESTIMATORS",
     "XENT_METRIC",
-    "ClippedScore",
-    "MaskCodec",
     "SampledNetwork",
-    "ScoreEstimator",
-    "SigmoidScore",
     "Zampling",
-    "accuracy_deviation",
     "bernoulli_draw",
     "frozen_fraction",
     "holdout_positions",
-    "hypercube_indicator",
     "mean_of_bits",
-    "perturb_in_hypercube",
-    "perturbation_draw",
-    "perturbation_support",
-    "probability_from_score",
-    "relative_sensitivity",
-    "score_estimator",
-    "score_from_probability",
     "trainable_size",
 ]
 
-Estimator = Literal["zampling", "zhou", "fedpm"]
 OptimizerFactory = Callable[[Iterable[Tensor]], torch.optim.Optimizer]
 EPOCHS_METRIC = "train/local_epochs"
 """Per-round mean over uploads of the local epochs a client ran under client-side early stopping
@@ -125,12 +109,12 @@ EPOCHS_METRIC = "train/local_epochs"
 XENT_METRIC = "comm/uplink_xent_bits_per_param"
 """Per-round mean over uploads of Σ_j −log2 P(z_j | p_j) / n: the ideal coded size of a mask."""
 RANGE_METRIC = "comm/uplink_range_bits_per_param"
-"""Per-round mean over uploads of the size of the mask under ``uplink: arithmetic`` (:class:`MaskCodec`:
+"""Per-round mean over uploads of the size of the mask under ``uplink: arithmetic``
+(:class:`~fedlightning.compression.mask.MaskCodec`:
 the range code, or n bits where that is shorter, plus its flag bit) / n, whatever the uplink codec:
 a bit-packed run also reports what the range-coded uplink would have sent for the same masks."""
 OPTIMIZER_KEY = "optimizer"
 """Key of a client's saved optimiser state in the client state store (``reset_optimizer: false``)."""
-_LOGIT_EPS = 1e-6
 
 
 # ---------------------------------------------------------------------------------- pure maths
@@ -154,132 +138,6 @@ def trainable_size(*, m: int, compression: float | None, n: int | None) -> int:
     return max(1, int(m // compression))
 
 
-@dataclass(frozen=True)
-class ScoreEstimator:
-    """How a client's score s gives the probabilities p, and which gradient reaches s.
-
-    The forward pass always uses w = Q·z with z ~ Bernoulli(p) (or z = p for the continuous
-    model); the backward hands ∂L/∂z straight through to p (:class:`ZampledWeights`), and
-    autograd carries it from p to s through :meth:`probability`.
-
-    Attributes:
-        name: the value of ``method.estimator``.
-        mask_frozen: zero the gradient where p is exactly 0 or 1 (Zampling's gradient mask).
-        scale_by_p: multiply the straight-through gradient by p (FedPM's estimator).
-    """
-
-    name: str
-    mask_frozen: bool = False
-    scale_by_p: bool = False
-
-    def probability(self, s: Tensor) -> Tensor:
-        """p as a differentiable function of the score."""
-        raise NotImplementedError
-
-    def score(self, p: Tensor) -> Tensor:
-        """The score a client starts from when the server's state is p."""
-        raise NotImplementedError
-
-    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor, *, zero_where_frozen: bool = False) -> Tensor:
-        """∂L/∂s from ∂L/∂p, where p = :meth:`probability` (s) (the chain rule autograd applies).
-
-        ``zero_where_frozen``: ``grad_p`` is already 0 wherever p ∈ {0, 1} (a masked straight-through
-        gradient), which lets an estimator skip work its derivative would do there.
-        """
-        raise NotImplementedError
-
-    def weights(self, q: SparseQ) -> ZampledWeights:
-        """w = Q·z with this estimator's backward (a fresh cache: one per client and round)."""
-        return ZampledWeights(q, mask_frozen=self.mask_frozen, scale_by_p=self.scale_by_p)
-
-
-class ClippedScore(ScoreEstimator):
-    """p = clip(s, 0, 1) and s = p: Zampling (arXiv 2503.14246).
-
-    >>> ClippedScore("zampling").probability(torch.tensor([-0.5, 0.25, 1.5])).tolist()
-    [0.0, 0.25, 1.0]
-    """
-
-    def probability(self, s: Tensor) -> Tensor:
-        return s.clamp(0.0, 1.0)
-
-    def score(self, p: Tensor) -> Tensor:
-        return p.clone()
-
-    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor, *, zero_where_frozen: bool = False) -> Tensor:
-        """``grad_p`` where 0 < s < 1, else 0 (autograd's clamp passes no gradient at its bounds either).
-
-        With ``zero_where_frozen`` it is returned as it is: p ∈ {0, 1} exactly where s ∉ (0, 1).
-
-        >>> s = torch.tensor([-0.5, 0.0, 0.5, 1.0, 1.5])
-        >>> ClippedScore("clip").score_gradient(s, None, torch.ones(5)).tolist()
-        [0.0, 0.0, 1.0, 0.0, 0.0]
-        """
-        if zero_where_frozen:
-            return grad_p
-        return torch.where((s > 0.0) & (s < 1.0), grad_p, 0.0)
-
-
-class SigmoidScore(ScoreEstimator):
-    """p = sigmoid(s) and s = logit(p), p kept in [1e-6, 1 − 1e-6]: arXiv 1905.01067, 2209.15328.
-
-    >>> SigmoidScore("zhou").score(torch.tensor([0.5])).tolist()
-    [0.0]
-    """
-
-    def probability(self, s: Tensor) -> Tensor:
-        return torch.sigmoid(s)
-
-    def score(self, p: Tensor) -> Tensor:
-        return torch.logit(p.clamp(_LOGIT_EPS, 1.0 - _LOGIT_EPS))
-
-    def score_gradient(self, s: Tensor, p: Tensor, grad_p: Tensor, *, zero_where_frozen: bool = False) -> Tensor:
-        """``grad_p``·(1 − p)·p, in the order of autograd's sigmoid backward.
-
-        >>> SigmoidScore("zhou").score_gradient(None, torch.tensor([0.5]), torch.tensor([4.0])).tolist()
-        [1.0]
-        """
-        return grad_p * (1.0 - p) * p
-
-
-SCORE_ESTIMATORS: dict[str, ScoreEstimator] = {
-    "zampling": ClippedScore("zampling", mask_frozen=True),
-    "zhou": SigmoidScore("zhou"),
-    "fedpm": SigmoidScore("fedpm", scale_by_p=True),
-}
-"""The estimators of ``method.estimator``, by name."""
-
-
-def score_estimator(name: str) -> ScoreEstimator:
-    """The estimator called ``name`` (``method.estimator``).
-
-    >>> score_estimator("fedpm").scale_by_p, score_estimator("zampling").mask_frozen
-    (True, True)
-    """
-    estimator = SCORE_ESTIMATORS.get(name)
-    if estimator is None:
-        raise ConfigError(f"method.estimator={name!r} is not supported; choose one of {', '.join(SCORE_ESTIMATORS)}.")
-    return estimator
-
-
-def probability_from_score(s: Tensor, estimator: Estimator) -> Tensor:
-    """p = clip(s, 0, 1) for Zampling, sigmoid(s) for Zhou and FedPM (differentiable).
-
-    >>> probability_from_score(torch.tensor([-0.5, 0.25, 1.5]), "zampling").tolist()
-    [0.0, 0.25, 1.0]
-    """
-    return score_estimator(estimator).probability(s)
-
-
-def score_from_probability(p: Tensor, estimator: Estimator) -> Tensor:
-    """The inverse map: s = p (Zampling) or logit(p) with p kept in [1e-6, 1 − 1e-6].
-
-    >>> score_from_probability(torch.tensor([0.5]), "zhou").tolist()
-    [0.0]
-    """
-    return score_estimator(estimator).score(p)
-
-
 def mean_of_bits(uploads: Tensor) -> Tensor:
     """The server's p = (1/K)·Σ_k z^k over a (K, n) stack of masks.
 
@@ -298,96 +156,6 @@ def frozen_fraction(p: Tensor) -> float:
     return float(((p <= 0) | (p >= 1)).float().mean()) if p.numel() else 0.0
 
 
-def hypercube_indicator(p: Tensor, tau: float) -> Tensor:
-    """𝕀(p)_j = 1{τ ≤ p_j ≤ 1 − τ}: the free directions of the τ-hypercube C_τ (paper, Def. τ-Hypercube).
-
-    >>> hypercube_indicator(torch.tensor([0.0, 0.05, 0.5, 0.95, 1.0]), 0.1).tolist()
-    [False, False, True, False, False]
-    """
-    if not 0.0 <= tau <= 0.5:
-        raise ConfigError(f"method.sensitivity_taus must lie in [0, 0.5] (got {tau}).")
-    return (p >= tau) & (p <= 1.0 - tau)
-
-
-def perturbation_support(p: Tensor, tau: float, region: Literal["hypercube", "complement"]) -> Tensor:
-    """Which coordinates the sensitivity study perturbs.
-
-    ``hypercube``: 𝕀(p), the paper's stated rule τ ≤ p_j ≤ 1 − τ (C_τ's free directions).
-    ``complement``: p_j < τ or p_j > 1 − τ. The paper's text also says that τ = 0.5 perturbs
-    "all values p_j", which only this reading gives; both are offered, the stated rule is
-    the default.
-
-    >>> perturbation_support(torch.tensor([0.0, 0.3, 0.5, 1.0]), 0.5, "complement").tolist()
-    [True, True, False, True]
-    """
-    inside = hypercube_indicator(p, tau)
-    if region == "hypercube":
-        return inside
-    if region == "complement":
-        return ~inside
-    raise ConfigError(f"method.sensitivity_region={region!r} is not supported; choose hypercube or complement.")
-
-
-def perturb_in_hypercube(
-    p: Tensor, tau: float, generator: torch.Generator, region: Literal["hypercube", "complement"] = "hypercube"
-) -> tuple[Tensor, Tensor]:
-    """The paper's sensitivity perturbation: (clip(p + ε_τ, 0, 1), ε_τ), ε_τ,j ~ N(0, 1) on the support.
-
-    Only the coordinates of :func:`perturbation_support` move (by default τ ≤ p_j ≤ 1 − τ);
-    the result is clipped back into [0, 1] so it stays a valid Bernoulli parameter (the
-    paper does not say how it handles values leaving [0, 1]; clipping is our decision).
-
-    >>> gen = torch.Generator().manual_seed(0)
-    >>> q, eps = perturb_in_hypercube(torch.tensor([0.0, 1.0, 0.5]), 0.01, gen)
-    >>> q[:2].tolist(), eps[:2].tolist()
-    ([0.0, 1.0], [0.0, 0.0])
-    """
-    perturbed, eps, _ = perturbation_draw(p, tau, generator, region)
-    return perturbed, eps
-
-
-def perturbation_draw(
-    p: Tensor, tau: float, generator: torch.Generator, region: Literal["hypercube", "complement"] = "hypercube"
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(clip(p + ε_τ, 0, 1), ε_τ, ε): :func:`perturb_in_hypercube` plus the full draw ε ~ N(0, I_n).
-
-    ε_τ is ε with the coordinates outside the support set to zero. The paper's deviation
-    column is consistent with dividing by ‖ε‖₂ ≈ √n rather than ‖ε_τ‖₂ (its sensitivity /
-    deviation ratio gives a norm of ≈ 128 = √16,330 in every row, τ = 0.01 included, where
-    ε_τ has few non-zeros), so the full draw is returned for that reading.
-
-    >>> gen = torch.Generator().manual_seed(0)
-    >>> q, eps, full = perturbation_draw(torch.tensor([0.0, 1.0, 0.5]), 0.01, gen)
-    >>> eps[:2].tolist(), bool(full[:2].abs().min() > 0), bool(eps[2] == full[2])
-    ([0.0, 0.0], True, True)
-    """
-    support = perturbation_support(p, tau, region)
-    draw = torch.randn(p.shape, generator=generator, dtype=p.dtype, device=generator.device).to(p.device)
-    eps = torch.where(support, draw, torch.zeros_like(p))
-    return (p + eps).clamp(0.0, 1.0), eps, draw
-
-
-def relative_sensitivity(reference: float, perturbed: float) -> float:
-    """The paper's "sensitivity": (reference − perturbed) / reference (relative accuracy drop).
-
-    >>> relative_sensitivity(1.0, 0.75)
-    0.25
-    """
-    return (reference - perturbed) / reference if reference > 0 else float("nan")
-
-
-def accuracy_deviation(reference: float, perturbed: float, eps_norm: float) -> float:
-    """The paper's "deviation": accuracy drop in percentage points per unit ‖ε_τ‖₂.
-
-    The paper's table is consistent with accuracies in percent (its regular-training row
-    gives ‖ε_τ‖ ≈ 130 ≈ √n for the small architecture at m/n = 1), so the drop is × 100.
-
-    >>> accuracy_deviation(0.75, 0.5, 5.0)
-    5.0
-    """
-    return 100.0 * (reference - perturbed) / eps_norm if eps_norm > 0 else 0.0
-
-
 def holdout_positions(num_samples: int, fraction: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """A random split of ``range(num_samples)`` into (kept, held out), ``round(fraction · num_samples)``
     held out (at least 1, and at least 1 kept).
@@ -403,66 +171,6 @@ def holdout_positions(num_samples: int, fraction: float, generator: torch.Genera
     held = min(max(round(fraction * num_samples), 1), num_samples - 1)
     perm = torch.randperm(num_samples, generator=generator)
     return perm[held:], perm[:held]
-
-
-# ---------------------------------------------------------------------------------- uplink codec
-def _bits(payload: Bitstream, count: int) -> np.ndarray:
-    return np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=count, bitorder="little")
-
-
-class MaskCodec:
-    """A binary mask range-coded under the broadcast p, or bit-packed where that is shorter.
-
-    One flag bit comes first (1: range code, :class:`BernoulliRangeCodec`; 0: n bits,
-    :class:`BitPackCodec`), then the shorter of the two streams; ties go to bit-packing. The
-    flag is counted in ``num_bits`` (``header_bits = 1``), so a mask costs at most n + 1 bits:
-    a mask that is unlikely under p (round 1, where p(0) ~ U(0,1) has nothing to do with the
-    uploaded masks) no longer costs more than bit-packing would. Decoding re-encodes the mask
-    and refuses a stream that is not exactly its code, flag included.
-
-    Args:
-        model_p: the probabilities both sides know (the broadcast p).
-
-    >>> codec = MaskCodec(model_p=torch.tensor([0.5, 0.5, 0.5]))  # p = 1/2: the range code is 32 bits
-    >>> message = codec.encode(torch.tensor([1.0, 0.0, 1.0]))
-    >>> message.num_bits, message.decode().tolist()
-    (4, [1.0, 0.0, 1.0])
-    """
-
-    name = "mask_range_or_bitpack"
-    header_bits = 1
-
-    def __init__(self, *, model_p: Tensor) -> None:
-        self.range = BernoulliRangeCodec(model_p=model_p)
-        self.bitpack = BitPackCodec()
-
-    def encode(self, x: Tensor) -> Message:
-        x = x.detach().cpu()  # one host copy serves both codes
-        ranged, packed = self.range.encode(x), self.bitpack.encode(x)
-        body, flag = (ranged, 1) if ranged.num_bits < packed.num_bits else (packed, 0)
-        stream = np.concatenate([np.array([flag], dtype=np.uint8), _bits(body.payload, body.num_bits)])
-        payload = np.packbits(stream, bitorder="little").tobytes()
-        return Message(payload=payload, num_bits=1 + body.num_bits, codec=self, shape=tuple(x.shape), header_bits=1)
-
-    def decode(self, message: Message) -> Tensor:
-        if message.num_bits < 1:
-            raise MessageDecodeError(f"{self.name}: an empty stream has no flag bit.")
-        stream = _bits(message.payload, message.num_bits)
-        sub = self.range if stream[0] else self.bitpack
-        body_bits = message.num_bits - 1
-        body = Message(
-            payload=np.packbits(stream[1:], bitorder="little").tobytes(),
-            num_bits=body_bits,
-            codec=sub,
-            shape=message.shape,
-        )
-        mask = sub.decode(body)
-        if self.encode(mask).payload != message.payload:
-            raise MessageDecodeError(
-                f"{self.name}: the flag says {sub.name} but the other code of this mask is shorter; "
-                "the stream is not this codec's output."
-            )
-        return mask
 
 
 # ---------------------------------------------------------------------------------- client model
@@ -572,7 +280,7 @@ class Zampling(FederatedModule):
         n: number of trainable parameters.
         q_seed: the shared seed of Q (64 bits, sent once); default ``seed``.
         estimator: ``zampling`` (clip, masked straight-through), ``zhou`` (sigmoid) or ``fedpm``
-            (sigmoid, gradient times p); see :data:`SCORE_ESTIMATORS`.
+            (sigmoid, gradient times p); see :data:`~fedlightning.methods.zampling_estimators.SCORE_ESTIMATORS`.
         sampling: train with w = Q·z (true) or the continuous model w = Q·p (false).
         upload: ``sample`` (z_new, binary) or ``probabilities`` (p_new as float32; Local Zampling).
         p_init: ``uniform`` (paper), ``beta`` (Beta(a, a), ``p_init_beta`` = a), ``half``
@@ -581,7 +289,7 @@ class Zampling(FederatedModule):
             frozen coordinates); null keeps the paper's behaviour.
         reset_optimizer: a fresh client optimiser every round (true) or kept per client.
         uplink: ``bitpack`` (n bits) or ``arithmetic`` (range-coded with the broadcast p, or
-            bit-packed where that is shorter, behind one flag bit: :class:`MaskCodec`).
+            bit-packed where that is shorter, behind one flag bit: :class:`~fedlightning.compression.mask.MaskCodec`).
         downlink: ``float32`` (paper) or ``lattice`` (lossless ⌈log2(K+1)⌉ bits per coordinate).
         val_samples: sampled networks per validation; test_samples: per test (paper: 100).
         eval_networks_per_forward: sampled networks scored per batched forward at evaluation
@@ -594,10 +302,12 @@ class Zampling(FederatedModule):
             ``None`` (default): exactly ``local_epochs``, every sample trains.
         sensitivity_taus: at test time, the parameter-sensitivity study of the paper
             (§"Generalisation Properties via Parameter Sensitivity"): for each τ, perturb p
-            ``sensitivity_perturbations`` times inside C_τ (:func:`perturb_in_hypercube`) and
+            ``sensitivity_perturbations`` times inside C_τ
+            (:func:`~fedlightning.callbacks.zampling_sensitivity.perturb_in_hypercube`) and
             log the expected network's and the mean of ``sensitivity_samples`` sampled networks'
             accuracy, sensitivity and deviation as ``test/sensitivity/<τ>/...``. Empty: off.
-            ``sensitivity_region`` picks the perturbed coordinates (:func:`perturbation_support`).
+            ``sensitivity_region`` picks the perturbed coordinates
+            (:func:`~fedlightning.callbacks.zampling_sensitivity.perturbation_support`).
         client_optimizer: factory over the scores (default Adam, lr 0.1 as in the paper's
             federated runs).
         **kwargs: the remaining :class:`FederatedModule` arguments (no ``server_optimizer``:
@@ -614,6 +324,7 @@ class Zampling(FederatedModule):
     hand_stepped = True
     supported_aggregation = ("normalised",)
     client_metric_names: tuple[str, ...] = (XENT_METRIC, RANGE_METRIC)
+    needed_callbacks = ("zampling_evaluation",)  # the sampled-network evaluation (fedlightning.callbacks.declared)
 
     def __init__(
         self,
@@ -666,13 +377,6 @@ class Zampling(FederatedModule):
             raise ConfigError("method.uplink=arithmetic codes binary masks; it needs method.upload=sample.")
         if downlink == "lattice" and upload != "sample":
             raise ConfigError("method.downlink=lattice needs p to be a mean of bits; set method.upload=sample.")
-        if val_samples < 1 or test_samples < 1:
-            raise ConfigError("method.val_samples and method.test_samples must be at least 1.")
-        if eval_networks_per_forward < 1:
-            raise ConfigError(
-                f"method.eval_networks_per_forward must be at least 1 (got {eval_networks_per_forward}); "
-                "1 scores the sampled networks one by one."
-            )
         if local_patience is not None:
             if local_patience < 1:
                 raise ConfigError(f"method.local_patience must be at least 1 or null (got {local_patience}).")
@@ -693,10 +397,6 @@ class Zampling(FederatedModule):
                 )
         if p_init_beta <= 0:
             raise ConfigError(f"method.p_init_beta must be positive (got {p_init_beta}).")
-        for tau in sensitivity_taus:
-            perturbation_support(torch.zeros(1), float(tau), sensitivity_region)  # validates τ and region
-        if sensitivity_perturbations < 1 or sensitivity_samples < 1:
-            raise ConfigError("method.sensitivity_perturbations and method.sensitivity_samples must be at least 1.")
         self.m = num_parameters(model)
         self.n = trainable_size(m=self.m, compression=compression, n=n)
         self.d = int(d)
@@ -730,17 +430,17 @@ class Zampling(FederatedModule):
             self.client_metric_names = (EPOCHS_METRIC, *self.client_metric_names)
         self.downlink_channel.codec = Float32Codec()
 
-        from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation  # it imports this module
-
-        self.evaluation: ZamplingEvaluation = ZamplingEvaluation(
-            val_samples=val_samples,
-            test_samples=test_samples,
-            sensitivity_taus=tuple(float(t) for t in sensitivity_taus),
-            sensitivity_perturbations=sensitivity_perturbations,
-            sensitivity_samples=sensitivity_samples,
-            sensitivity_region=sensitivity_region,
-            networks_per_forward=eval_networks_per_forward,
-        )
+        # Read by the sampled-network evaluation the method declares (``needed_callbacks``), which
+        # checks them when the runner builds it, before training.
+        self.evaluation_options: dict[str, Any] = {
+            "val_samples": val_samples,
+            "test_samples": test_samples,
+            "sensitivity_taus": tuple(float(t) for t in sensitivity_taus),
+            "sensitivity_perturbations": sensitivity_perturbations,
+            "sensitivity_samples": sensitivity_samples,
+            "sensitivity_region": sensitivity_region,
+            "networks_per_forward": eval_networks_per_forward,
+        }
 
     # ------------------------------------------------------------------ overridable pieces
     def build_q(self, model: nn.Module) -> SparseQ:
@@ -980,16 +680,6 @@ class Zampling(FederatedModule):
     def expected_weights(self) -> Tensor:
         """w = Q·p (the expected network)."""
         return self.weights_of(self.effective_p(self.p.detach()))
-
-    @override
-    def configure_callbacks(self) -> list[L.Callback]:
-        # One instance for every fit, validate and test of this module, so the mask chosen on
-        # validation is the one scored on test (test/acc_best_mask); a trainer that already
-        # holds it (a test after a fit) keeps it where it is.
-        trainer = self.attached_trainer
-        if trainer is not None and any(cb is self.evaluation for cb in trainer.callbacks):  # type: ignore[attr-defined]
-            return []
-        return [self.evaluation]
 
     @override
     def on_validation_epoch_start(self) -> None:

@@ -44,7 +44,8 @@ from fedlightning.federated.local.vectorised import StepPlan, randomness_refusal
 from fedlightning.models.zampling import SparseQ, ZampledNetwork, bernoulli_draw
 
 if TYPE_CHECKING:
-    from fedlightning.methods.zampling import ScoreEstimator, Zampling
+    from fedlightning.methods.zampling import Zampling
+    from fedlightning.methods.zampling_estimators import ScoreEstimator
 
 __all__ = ["StackedScores", "stacked_client_updates", "stacked_refusal", "train_scores_stacked"]
 

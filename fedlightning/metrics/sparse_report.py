@@ -2,8 +2,7 @@
 
 Pure helpers over an evaluated flat parameter vector; the Lightning side is the callback
 :class:`fedlightning.callbacks.sparse_report.SparseModelReport`, which methods whose
-evaluated network is sparse (E-FLoPS, Fed-IHT, FedAvg + pruning) return from
-``configure_callbacks()``.
+evaluated network is sparse (E-FLoPS, Fed-IHT, FedAvg + pruning) name in ``needed_callbacks``.
 
 * :func:`sparse_model_metrics`: ``model/density`` (fraction of non-zero evaluated
   parameters), ``model/nonzero``, ``model/macs`` and ``model/macs_dense`` (per-sample MACs,

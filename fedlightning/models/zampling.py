@@ -576,12 +576,12 @@ class ZampledWeights:
         backend: ``"auto"`` (compiled kernels on the CPU, ``torch.mv`` elsewhere), ``"compiled"``
             or ``"torch"``; the reference path (``fast=False``) always uses ``"torch"``.
         incremental_fraction: largest share of changed coordinates updated incrementally;
-            ``None``: 0.3 with the compiled kernels, 0.15 with ``torch`` (the measured crossovers
-            with the full product at m/n = 32, d = 10).
+            ``None``: 0.3 with the compiled kernels, 0.15 with ``torch`` (where the incremental
+            update stops being cheaper than the full product).
         refresh_every: full recomputation after this many incremental updates.
         rebuild_fraction: rebuild the free-column block (``torch`` backend) when the free set shrank by this share.
         dense_backward_fraction: use the full Qᵀ·g when at least this share of columns is free;
-            ``None``: 0.45 with the compiled kernels, 0.9 with ``torch.mv`` (measured crossovers).
+            ``None``: 0.45 with the compiled kernels, 0.9 with ``torch.mv``.
     """
 
     def __init__(
