@@ -25,7 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
-from fedlightning.models import build_model
+from fedlightning.models import ModelInputs
 
 METHODS = ("fedshuffle", "fedavg_epochs", "fednova", "fedavg_min", "fedavg_mean")
 
@@ -36,13 +36,10 @@ def training_objective(run_dir: Path, summary: dict[str, Any]) -> float:
     partition = instantiate(cfg.partition)
     datamodule = instantiate(cfg.data, _partial_=True)(partition=partition, seed=int(cfg.seed))
     datamodule.setup("fit")
-    model_cfg = {str(k): v for k, v in dict(OmegaConf.to_container(cfg.model, resolve=True)).items()}  # type: ignore[arg-type]
-    model = build_model(
-        **model_cfg,
-        input_shape=tuple(datamodule.input_shape),
-        num_classes=datamodule.num_classes,
-        data_name=summary["data"],
+    inputs = ModelInputs(
+        shape=tuple(datamodule.input_shape), num_classes=datamodule.num_classes, data_name=summary["data"]
     )
+    model = instantiate(cfg.model, _partial_=True)(inputs=inputs)
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
     model.eval()

@@ -97,6 +97,7 @@ def _run(backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs
         },
         {"client_optimizer": functools.partial(torch.optim.AdamW, lr=0.01, betas=(0.8, 0.99)), "max_grad_norm": 0.5},
         {"data": _NoisyDigits},
+        {"model": "fjord_femnist_cnn", "model_options": {"channels": [6, 10]}},
     ],
     ids=[
         "distillation_sgd",
@@ -105,6 +106,7 @@ def _run(backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs
         "cnn_momentum",
         "adamw_clip",
         "augment",
+        "fjord_femnist_cnn",
     ],
 )
 def test_vectorised_fjord_equals_the_loop_in_model_losses_and_traffic(

@@ -11,6 +11,8 @@ Counting rule (structured count of the non-zero weights that take part):
   flatten are expanded to their ``H · W`` positions;
 * biases, activations and pooling are not counted (the usual MAC convention).
 
+Recurrent layers are counted per time step by :func:`lstm_step_macs` (not by :func:`count_macs`).
+
 Dead-unit propagation follows the order of the weight layers in ``model.modules()``, which
 is the data-flow order of the sequential models used here (logistic regression, MLPs,
 ``SmallCNN``). Output shapes come from one forward pass on a zero input.
@@ -34,7 +36,39 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-__all__ = ["LayerCost", "count_macs"]
+__all__ = ["LayerCost", "count_macs", "lstm_step_macs"]
+
+
+def lstm_step_macs(*, input_size: int, hidden: Sequence[int], outputs: int, elementwise: bool = False) -> int:
+    """MACs of one time step of stacked LSTM layers of widths ``hidden`` and a linear output layer.
+
+    Convention (the usual one): each of the 4 gates of a layer of width h multiplies the layer's
+    input (``input_size`` for the first layer, the previous layer's width after) and its previous
+    hidden state by its weights, 4·(in + h)·h MACs per step; the output layer adds
+    ``hidden[-1]·outputs``. Biases, the gates' non-linearities and element-wise products are not
+    counted, as for ``Linear``/``Conv2d`` in :func:`count_macs`.
+
+    With ``elementwise`` every other arithmetic operation of the step counts as one MAC too: per
+    unit, the two biases of each gate (8), the sum of each gate's input and recurrent parts (4),
+    the cell update f⊙c + i⊙g (3) and h = o⊙tanh(c) (1), i.e. 16·h per layer, and the output
+    layer's ``outputs`` biases.
+
+    Args:
+        input_size: Width of the first layer's input (an embedding's dimension).
+        hidden: Hidden width of every layer, first to last.
+        outputs: Outputs of the linear layer on the last hidden state (a vocabulary's size).
+        elementwise: Whether to count biases and the element-wise operations too.
+
+    >>> lstm_step_macs(input_size=2, hidden=[3], outputs=4)  # 4·(2 + 3)·3 + 3·4
+    72
+    >>> lstm_step_macs(input_size=2, hidden=[3], outputs=4, elementwise=True)  # + 16·3 + 4
+    124
+    """
+    total, width = 0, input_size
+    for h in hidden:
+        total += 4 * (width + h) * h + (16 * h if elementwise else 0)
+        width = h
+    return total + width * outputs + (outputs if elementwise else 0)
 
 
 @dataclass(frozen=True)

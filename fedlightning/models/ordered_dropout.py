@@ -9,6 +9,7 @@ nested, p₁ < p₂ ⇒ F_{p₁} ⊂ F_{p₂}, so one set of weights serves ever
 
 The networks here run *functionally* on the parameters of an unchanged model
 (:class:`~fedlightning.models.mlp.MLP`, :class:`~fedlightning.models.cnn.SmallCNN`,
+:class:`~fedlightning.models.cnn.FemnistCNN`,
 :class:`~fedlightning.models.resnet.ResNet18GN`, :class:`~fedlightning.models.char_lstm.CharLSTM`
 and plain ``nn.Sequential`` stacks of ``Linear``/``ReLU``/``Flatten``), so the presets build
 them as usual and gradients reach exactly the coordinates of the sub-model that ran.
@@ -41,8 +42,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlightning.errors import ConfigError
+from fedlightning.metrics.inference_cost import lstm_step_macs
 from fedlightning.models.char_lstm import CharLSTM
-from fedlightning.models.cnn import SmallCNN
+from fedlightning.models.cnn import FemnistCNN, SmallCNN
 from fedlightning.models.mlp import MLP
 from fedlightning.models.resnet import ResNet18GN
 
@@ -221,17 +223,26 @@ class SmallCNNArchitecture(ODArchitecture):
     def _fc1_inputs(self, channels: Tensor) -> Tensor:
         return (channels[:, None] * self.spatial + torch.arange(self.spatial)).reshape(-1)
 
+    def _features(self, model: Any, x: Tensor, c1: Tensor, c2: Tensor) -> Tensor:
+        """The two ``conv -> ReLU -> max-pool`` blocks on channels ``c1``, ``c2``, flattened."""
+        conv1, conv2 = model.features[0], model.features[3]
+        x = F.conv2d(
+            x, _take(conv1.weight, 0, c1), _take(conv1.bias, 0, c1), stride=conv1.stride, padding=conv1.padding
+        )
+        x = F.max_pool2d(F.relu(x), 2)
+        w2, b2 = _take(_take(conv2.weight, 0, c2), 1, c1), _take(conv2.bias, 0, c2)
+        x = F.conv2d(x, w2, b2, stride=conv2.stride, padding=conv2.padding)
+        return F.max_pool2d(F.relu(x), 2).flatten(1)
+
+    def _fc1_weight(self, weight: Tensor, c2: Tensor) -> Tensor:
+        """The columns of the first linear layer that the flattened channels ``c2`` feed."""
+        return weight if c2.numel() == self._widths[1] else _take(weight, 1, self._fc1_inputs(c2))
+
     def forward(self, model: Any, x: Tensor, units: Units) -> Tensor:
         c1, c2, h = units
-        conv1, conv2 = model.features[0], model.features[3]
         fc1, fc2 = model.classifier[1], model.classifier[3]
-        x = F.conv2d(x, _take(conv1.weight, 0, c1), _take(conv1.bias, 0, c1), padding=conv1.padding)
-        x = F.max_pool2d(F.relu(x), 2)
-        x = F.conv2d(x, _take(_take(conv2.weight, 0, c2), 1, c1), _take(conv2.bias, 0, c2), padding=conv2.padding)
-        x = F.max_pool2d(F.relu(x), 2).flatten(1)
-        w1 = _take(fc1.weight, 0, h)
-        w1 = w1 if c2.numel() == self._widths[1] else _take(w1, 1, self._fc1_inputs(c2))
-        x = F.relu(F.linear(x, w1, _take(fc1.bias, 0, h)))
+        x = self._features(model, x, c1, c2)
+        x = F.relu(F.linear(x, self._fc1_weight(_take(fc1.weight, 0, h), c2), _take(fc1.bias, 0, h)))
         return F.linear(x, _take(fc2.weight, 1, h), fc2.bias)
 
     def kept(self, units: Units) -> dict[str, tuple[Tensor | None, ...]]:
@@ -245,6 +256,32 @@ class SmallCNNArchitecture(ODArchitecture):
             "classifier.1.bias": (h,),
             "classifier.3.weight": (None, h),
             "classifier.3.bias": (None,),
+        }
+
+
+class FemnistCNNArchitecture(SmallCNNArchitecture):
+    """:class:`FemnistCNN` (FjORD's FEMNIST CNN): both convolutions' channels drop, the softmax layer's outputs stay."""
+
+    def __init__(self, model: Any) -> None:
+        ODArchitecture.__init__(self, model)
+        conv1, conv2 = model.features[0], model.features[3]
+        self.spatial = model.classifier[1].in_features // conv2.out_channels
+        self._widths = [conv1.out_channels, conv2.out_channels]
+
+    def forward(self, model: Any, x: Tensor, units: Units) -> Tensor:
+        c1, c2 = units
+        fc = model.classifier[1]
+        return F.linear(self._features(model, x, c1, c2), self._fc1_weight(fc.weight, c2), fc.bias)
+
+    def kept(self, units: Units) -> dict[str, tuple[Tensor | None, ...]]:
+        c1, c2 = units
+        return {
+            "features.0.weight": (c1, None, None, None),
+            "features.0.bias": (c1,),
+            "features.3.weight": (c2, c1, None, None),
+            "features.3.bias": (c2,),
+            "classifier.1.weight": (None, self._fc1_inputs(c2)),
+            "classifier.1.bias": (None,),
         }
 
 
@@ -371,7 +408,9 @@ def _is_sequential_mlp(model: nn.Module) -> bool:
 def od_architecture(model: nn.Module) -> ODArchitecture:
     """The OD description of ``model``, or a one-sentence refusal for a model OD does not support."""
     arch: ODArchitecture
-    if isinstance(model, SmallCNN):
+    if isinstance(model, FemnistCNN):
+        arch = FemnistCNNArchitecture(model)
+    elif isinstance(model, SmallCNN):
         arch = SmallCNNArchitecture(model)
     elif isinstance(model, ResNet18GN):
         arch = ResNet18GNArchitecture(model)
@@ -382,7 +421,7 @@ def od_architecture(model: nn.Module) -> ODArchitecture:
     else:
         raise ConfigError(
             f"Ordered dropout has no sub-models of {type(model).__name__}; use model=mlp, digits_mlp, mnistfc, "
-            "cnn, digits_cnn, fedavg_cnn, resnet18_gn or char_lstm."
+            "cnn, digits_cnn, fedavg_cnn, fjord_femnist_cnn, resnet18_gn, char_lstm or fjord_char_lstm."
         )
     if not arch.widths():
         raise ConfigError(
@@ -415,20 +454,30 @@ def od_index_set(model: nn.Module, p: float, arch: ODArchitecture | None = None)
     return sub_model_indices(model, arch, ordered_units(arch.widths(), p))
 
 
-def sub_model_macs(model: nn.Module, arch: ODArchitecture, units: Units, input_shape: Sequence[int]) -> int:
+def sub_model_macs(
+    model: nn.Module, arch: ODArchitecture, units: Units, input_shape: Sequence[int], *, elementwise: bool = False
+) -> int:
     """Multiply–accumulates per sample of the sub-model's convolutions and linear layers.
 
     Counted by ``torch.utils.flop_counter`` on one forward pass (FLOPs / 2); normalisation,
     activations, pooling and additions are not counted (the usual MAC convention). The LSTM
-    kernel is invisible to the counter, so recurrent models are refused rather than undercounted.
+    kernel is invisible to that counter: a :class:`CharLSTM` is counted per time step (one
+    character) by :func:`~fedlightning.metrics.inference_cost.lstm_step_macs`, its LSTM layers at
+    the kept widths plus the output layer (``elementwise``: also biases and element-wise
+    operations; only for a :class:`CharLSTM`). ``input_shape`` is then not used.
     """
+    if isinstance(model, CharLSTM):
+        return lstm_step_macs(
+            input_size=model.lstm.input_size,
+            hidden=[u.numel() for u in units],
+            outputs=model.head.out_features,
+            elementwise=elementwise,
+        )
+    if elementwise:
+        raise ValueError("sub_model_macs counts element-wise operations only for a CharLSTM.")
     from torch.utils.flop_counter import FlopCounterMode
 
-    if isinstance(model, CharLSTM):
-        raise ValueError("sub_model_macs counts convolutions and linear layers only; the LSTM kernel is not counted.")
-
-    dtype = torch.long if isinstance(model, CharLSTM) else torch.float32
-    x = torch.zeros(1, *input_shape, dtype=dtype, device=next(model.parameters()).device)
+    x = torch.zeros(1, *input_shape, device=next(model.parameters()).device)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         arch.forward(model, x, units)

@@ -1,88 +1,283 @@
-"""Named model presets, checked against the data's input shape.
+"""Model builders, one per ``configs/model/<name>.yaml`` (its ``_target_``), checked against the data.
+
+Each builder is a typed, keyword-only function named like its config. It takes what the data
+gives a model as one :class:`ModelInputs` (the input shape, the number of classes, the data's
+name for messages, and whether the inputs are token ids), plus the config's own keys, and refuses
+inputs of the wrong kind in one sentence that names the models that fit. ``run`` instantiates the
+config node and calls it with the data's :class:`ModelInputs`; :func:`build_model` does the same
+from a builder's name, without Hydra.
 
 Example:
-    >>> model = build_model("digits_mlp", input_shape=(1, 8, 8), num_classes=10)
+    >>> model = digits_mlp(inputs=ModelInputs(shape=(1, 8, 8), num_classes=10))
     >>> sum(p.numel() for p in model.parameters())
     4810
+    >>> build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[32]).net[1].out_features
+    32
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from fedlightning.models.char_lstm import CharLSTM
-from fedlightning.models.cnn import SmallCNN
+from fedlightning.models.cnn import FemnistCNN, SmallCNN
 from fedlightning.models.conv4 import Conv4
 from fedlightning.models.linear import BinaryLogisticRegression, LogisticRegression
 from fedlightning.models.mlp import MLP
 from fedlightning.models.resnet import ResNet18GN
 
-__all__ = ["FIXED_INPUT", "IMAGE_PRESETS", "PRESETS", "SEQUENCE_PRESETS", "build_model"]
+__all__ = [
+    "FIXED_INPUT",
+    "IMAGE_PRESETS",
+    "PRESETS",
+    "SEQUENCE_PRESETS",
+    "ModelInputs",
+    "build_model",
+    "char_lstm",
+    "cnn",
+    "conv4",
+    "digits_cnn",
+    "digits_logreg",
+    "digits_mlp",
+    "fedavg_cnn",
+    "fjord_char_lstm",
+    "fjord_femnist_cnn",
+    "logistic",
+    "logreg",
+    "mlp",
+    "mnistfc",
+    "resnet18_gn",
+    "small_mlp",
+]
 
-#: Presets whose input width is part of their definition.
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What the data gives a model.
+
+    Args:
+        shape: Shape of one input, e.g. ``(1, 28, 28)`` or ``(80,)`` for a window of characters.
+        num_classes: Output logits.
+        data_name: The data set's name, used in messages (``data=digits``).
+        token_inputs: Whether the inputs are windows of token ids (character ids), which only
+            the :data:`SEQUENCE_PRESETS` embed, or features, which every other builder takes
+            (``None``: not checked).
+    """
+
+    shape: tuple[int, ...]
+    num_classes: int
+    data_name: str | None = None
+    token_inputs: bool | None = None
+
+    @property
+    def features(self) -> int:
+        """Input features once flattened."""
+        return math.prod(self.shape)
+
+    @property
+    def data(self) -> str:
+        """``data=<name>`` for messages, or "the data"."""
+        return f"data={self.data_name}" if self.data_name else "the data"
+
+
+#: Builders whose input width is part of their definition.
 FIXED_INPUT: dict[str, int] = {"small_mlp": 784, "mnistfc": 784, "digits_mlp": 64}
 
-_MLP_HIDDEN: dict[str, tuple[int, ...]] = {
-    "small_mlp": (20, 20),
-    "mnistfc": (300, 100),  # LeCun et al. (1998) 300-100, 266,610 parameters
-    "digits_mlp": (64,),
-}
+#: Builders for character sequences ``(length,)`` rather than images or features.
+SEQUENCE_PRESETS: tuple[str, ...] = ("char_lstm", "fjord_char_lstm")
+
+#: Convolutional builders: they take images ``(C, H, W)``, never flat feature vectors.
+IMAGE_PRESETS: tuple[str, ...] = ("cnn", "digits_cnn", "fedavg_cnn", "fjord_femnist_cnn", "conv4", "resnet18_gn")
 
 
-def _cnn(shape: tuple[int, ...], k: int) -> nn.Module:
-    return SmallCNN(input_shape=shape, num_classes=k)  # FedAvg CNN, arXiv:1602.05629
+def _features(name: str, inputs: ModelInputs) -> None:
+    """Refuse token ids for the feature model ``name``."""
+    if inputs.token_inputs:
+        raise ValueError(
+            f"model={name} takes features but {inputs.data} gives windows of token ids (shape {inputs.shape}); "
+            f"choose {' or '.join(f'model={p}' for p in SEQUENCE_PRESETS)}."
+        )
 
 
-def _digits_cnn(shape: tuple[int, ...], k: int) -> nn.Module:
-    return SmallCNN(input_shape=shape, num_classes=k, channels=(16, 32), kernel_size=3, hidden=64)
+def _image(name: str, inputs: ModelInputs) -> tuple[int, ...]:
+    """Refuse token ids and flat features for the convolutional model ``name``; the image shape."""
+    _features(name, inputs)
+    if len(inputs.shape) != 3:
+        flat = ["model=mlp", "model=logreg"] + (["model=logistic"] if inputs.num_classes == 2 else [])
+        raise ValueError(
+            f"model={name} is a convolutional network for images (C, H, W) but {inputs.data} gives "
+            f"flat features (shape {inputs.shape}); choose {', '.join(flat[:-1])} or {flat[-1]}."
+        )
+    return inputs.shape
 
 
-def _logreg(shape: tuple[int, ...], k: int) -> nn.Module:
-    return LogisticRegression(in_features=math.prod(shape), num_classes=k)
+def _fixed(name: str, inputs: ModelInputs) -> int:
+    """Refuse inputs whose width is not the fixed input width of ``name``; that width."""
+    _features(name, inputs)
+    expected = FIXED_INPUT[name]
+    if expected != inputs.features:
+        fits = [f"model={p}" for p, n in FIXED_INPUT.items() if n == inputs.features] + ["model=mlp"]
+        raise ValueError(
+            f"model={name} expects {expected} input features but {inputs.data} provides {inputs.features} "
+            f"(shape {inputs.shape}); choose {' or '.join(fits)}."
+        )
+    return expected
 
 
-def _logistic(shape: tuple[int, ...], k: int) -> nn.Module:
-    if k != 2:
+def _tokens(name: str, inputs: ModelInputs) -> None:
+    """Refuse features (or a shape other than ``(length,)``) for the sequence model ``name``."""
+    if inputs.token_inputs is False:
+        raise ValueError(
+            f"model={name} embeds token ids but {inputs.data} gives features (shape {inputs.shape}); "
+            "use data=shakespeare."
+        )
+    if len(inputs.shape) != 1:
+        raise ValueError(f"model={name} expects windows of shape (length,) (got {inputs.shape}); use data=shakespeare.")
+
+
+def mlp(*, inputs: ModelInputs, hidden: Sequence[int] = (200, 200)) -> MLP:
+    """An MLP on any input with ``hidden`` widths (default: FedAvg's 2NN, arXiv 1602.05629)."""
+    _features("mlp", inputs)
+    return MLP(in_features=inputs.features, hidden=tuple(hidden), num_classes=inputs.num_classes)
+
+
+def small_mlp(*, inputs: ModelInputs) -> MLP:
+    """784-20-20-C."""
+    return MLP(in_features=_fixed("small_mlp", inputs), hidden=(20, 20), num_classes=inputs.num_classes)
+
+
+def mnistfc(*, inputs: ModelInputs) -> MLP:
+    """LeCun et al. (1998)'s 784-300-100-10: 266,610 parameters."""
+    return MLP(in_features=_fixed("mnistfc", inputs), hidden=(300, 100), num_classes=inputs.num_classes)
+
+
+def digits_mlp(*, inputs: ModelInputs) -> MLP:
+    """64-64-C for the 8×8 digits."""
+    return MLP(in_features=_fixed("digits_mlp", inputs), hidden=(64,), num_classes=inputs.num_classes)
+
+
+def cnn(*, inputs: ModelInputs) -> SmallCNN:
+    """FedAvg's CNN (arXiv 1602.05629), fixed: 5×5 convolutions of 32 and 64 channels, 512 hidden units."""
+    return SmallCNN(input_shape=_image("cnn", inputs), num_classes=inputs.num_classes)
+
+
+def digits_cnn(*, inputs: ModelInputs) -> SmallCNN:
+    """A 3×3 CNN of 16 and 32 channels and 64 hidden units."""
+    shape = _image("digits_cnn", inputs)
+    return SmallCNN(input_shape=shape, num_classes=inputs.num_classes, channels=(16, 32), kernel_size=3, hidden=64)
+
+
+def fedavg_cnn(
+    *, inputs: ModelInputs, channels: Sequence[int] = (32, 64), kernel_size: int = 5, hidden: int = 512
+) -> SmallCNN:
+    """FedAvg's CNN (arXiv 1602.05629) with its widths as options (:class:`SmallCNN`)."""
+    shape = _image("fedavg_cnn", inputs)
+    return SmallCNN(
+        input_shape=shape,
+        num_classes=inputs.num_classes,
+        channels=tuple(channels),
+        kernel_size=kernel_size,
+        hidden=hidden,
+    )
+
+
+def fjord_femnist_cnn(
+    *,
+    inputs: ModelInputs,
+    channels: Sequence[int] = (20, 36),
+    kernel_size: int = 3,
+    strides: Sequence[int] = (1, 2),
+) -> FemnistCNN:
+    """FjORD's FEMNIST CNN (arXiv 2207.00392, Table 7.2; arXiv 2102.13451): see :class:`FemnistCNN`."""
+    shape = _image("fjord_femnist_cnn", inputs)
+    return FemnistCNN(
+        input_shape=shape,
+        num_classes=inputs.num_classes,
+        channels=tuple(channels),
+        kernel_size=kernel_size,
+        strides=tuple(strides),
+    )
+
+
+def conv4(
+    *, inputs: ModelInputs, channels: Sequence[int] = (64, 128), hidden: Sequence[int] = (256, 256), bias: bool = True
+) -> Conv4:
+    """Conv-4 of the lottery-ticket and supermask papers (arXiv 1803.03635, arXiv 2209.15328)."""
+    shape = _image("conv4", inputs)
+    return Conv4(
+        input_shape=shape, num_classes=inputs.num_classes, channels=tuple(channels), hidden=tuple(hidden), bias=bias
+    )
+
+
+def resnet18_gn(*, inputs: ModelInputs, width: int = 64, groups: int = 2) -> ResNet18GN:
+    """ResNet-18 (CIFAR stem) with GroupNorm (arXiv 1910.00189)."""
+    shape = _image("resnet18_gn", inputs)
+    return ResNet18GN(input_shape=shape, num_classes=inputs.num_classes, width=width, groups=groups)
+
+
+def char_lstm(*, inputs: ModelInputs, embed_dim: int = 8, hidden: int = 256, num_layers: int = 2) -> CharLSTM:
+    """The FedAvg/LEAF Shakespeare LSTM (arXiv 1602.05629, arXiv 1812.01097): 2 × LSTM(256) on an 8-d embedding."""
+    _tokens("char_lstm", inputs)
+    return CharLSTM(vocab_size=inputs.num_classes, embed_dim=embed_dim, hidden=hidden, num_layers=num_layers)
+
+
+def fjord_char_lstm(*, inputs: ModelInputs, embed_dim: int = 8, hidden: int = 128, num_layers: int = 2) -> CharLSTM:
+    """FjORD's Shakespeare RNN (arXiv 2207.00392, §7.6.1 and Table 7.2): 2 × LSTM(128) on an 8-d embedding.
+
+    The thesis gives "an embedding layer followed by two LSTM layers and a softmax layer"; the
+    widths are those whose sub-models have Table 7.2's parameters (:class:`CharLSTM`).
+    """
+    _tokens("fjord_char_lstm", inputs)
+    return CharLSTM(vocab_size=inputs.num_classes, embed_dim=embed_dim, hidden=hidden, num_layers=num_layers)
+
+
+def logreg(*, inputs: ModelInputs) -> LogisticRegression:
+    """Multinomial logistic regression: flatten + linear."""
+    _features("logreg", inputs)
+    return LogisticRegression(in_features=inputs.features, num_classes=inputs.num_classes)
+
+
+def digits_logreg(*, inputs: ModelInputs) -> LogisticRegression:
+    """:func:`logreg` under the digits experiments' name."""
+    _features("digits_logreg", inputs)
+    return LogisticRegression(in_features=inputs.features, num_classes=inputs.num_classes)
+
+
+def logistic(*, inputs: ModelInputs) -> BinaryLogisticRegression:
+    """One-output binary logistic regression (two logits, the first fixed at 0)."""
+    _features("logistic", inputs)
+    if inputs.num_classes != 2:
+        k = inputs.num_classes
         target = "one regression output" if k == 1 else f"{k} classes"
         raise ValueError(f"model=logistic is the one-output binary model; the data has {target} (use model=logreg).")
-    return BinaryLogisticRegression(in_features=math.prod(shape))
+    return BinaryLogisticRegression(in_features=inputs.features)
 
 
-_BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
-    "logistic": _logistic,
-    "cnn": _cnn,
-    "digits_cnn": _digits_cnn,
-    "logreg": _logreg,
-    "digits_logreg": _logreg,
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "small_mlp": small_mlp,
+    "mnistfc": mnistfc,
+    "digits_mlp": digits_mlp,
+    "mlp": mlp,
+    "logistic": logistic,
+    "cnn": cnn,
+    "digits_cnn": digits_cnn,
+    "logreg": logreg,
+    "digits_logreg": digits_logreg,
+    "fedavg_cnn": fedavg_cnn,
+    "fjord_femnist_cnn": fjord_femnist_cnn,
+    "conv4": conv4,
+    "resnet18_gn": resnet18_gn,
+    "char_lstm": char_lstm,
+    "fjord_char_lstm": fjord_char_lstm,
 }
 
-
-def _char_lstm(shape: tuple[int, ...], k: int, **options: Any) -> nn.Module:
-    if len(shape) != 1:
-        raise ValueError(f"model=char_lstm expects windows of shape (length,) (got {shape}); use data=shakespeare.")
-    return CharLSTM(vocab_size=k, **options)  # FedAvg/LEAF Shakespeare LSTM, arXiv:1602.05629
-
-
-#: Presets that take extra keyword options (``model.width=...``), checked by their class.
-_OPTION_BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "fedavg_cnn": lambda shape, k, **o: SmallCNN(input_shape=shape, num_classes=k, **o),  # arXiv:1602.05629
-    "conv4": lambda shape, k, **o: Conv4(input_shape=shape, num_classes=k, **o),  # arXiv:1803.03635
-    "resnet18_gn": lambda shape, k, **o: ResNet18GN(input_shape=shape, num_classes=k, **o),  # arXiv:1910.00189
-    "char_lstm": _char_lstm,
-}
-
-#: Presets for character sequences ``(length,)`` rather than images (not image-adaptive).
-SEQUENCE_PRESETS: tuple[str, ...] = ("char_lstm",)
-
-#: Convolutional presets: they take images ``(C, H, W)``, never flat feature vectors.
-IMAGE_PRESETS: tuple[str, ...] = ("cnn", "digits_cnn", "fedavg_cnn", "conv4", "resnet18_gn")
-
-#: Every accepted preset name.
-PRESETS: tuple[str, ...] = (*_MLP_HIDDEN, "mlp", *_BUILDERS, *_OPTION_BUILDERS)
+#: Every builder's name (= its config's name under ``configs/model/``).
+PRESETS: tuple[str, ...] = tuple(_BUILDERS)
 
 
 def build_model(
@@ -90,86 +285,39 @@ def build_model(
     *,
     input_shape: Sequence[int],
     num_classes: int,
-    hidden: Sequence[int] | None = None,
     data_name: str | None = None,
     token_inputs: bool | None = None,
     **options: Any,
 ) -> nn.Module:
-    """Build a preset model for inputs of ``input_shape`` and ``num_classes`` classes.
-
-    Presets: ``small_mlp`` (784-20-20-C), ``mnistfc`` (784-300-100-C), ``digits_mlp``
-    (64-64-C), ``mlp`` (any input, ``hidden`` widths, default the FedAvg 2NN's 200-200),
-    ``cnn`` (FedAvg's CNN), ``digits_cnn`` (a 3×3, 16/32-channel CNN), ``logreg`` and
-    ``digits_logreg`` (flatten + linear), ``logistic`` (one-output binary logistic
-    regression). The CNNs and linear models adapt to the input.
-    ``fedavg_cnn`` (FedAvg's CNN; options ``channels``, ``kernel_size``, ``hidden``),
-    ``conv4`` (Conv-4; ``channels``, ``hidden``, ``bias``), ``resnet18_gn`` (ResNet-18 with
-    GroupNorm; ``width``, ``groups``) and ``char_lstm`` (the Shakespeare LSTM; ``embed_dim``,
-    ``hidden``, ``num_layers``) take those keyword ``options``.
+    """The model of builder ``name`` for inputs of ``input_shape`` and ``num_classes`` classes.
 
     Args:
-        name: Preset name (``model=...``).
+        name: A builder of this module (:data:`PRESETS`).
         input_shape: Shape of one input, e.g. ``(1, 28, 28)``.
         num_classes: Output logits.
-        hidden: Hidden widths, only for ``mlp``.
         data_name: Data set name, used in error messages.
-        token_inputs: Whether the inputs are windows of token ids (character ids), which only
-            the presets of :data:`SEQUENCE_PRESETS` embed, or features, which every other preset
-            takes; a preset that does not fit is refused (``None``: not checked).
-        **options: Keyword options of the presets that take them (``model.width=32``).
-
-    Returns:
-        The freshly initialised module.
+        token_inputs: See :class:`ModelInputs`.
+        **options: The builder's own keys (``hidden=[32]`` for ``mlp``, ``width=32`` for ``resnet18_gn``).
 
     Raises:
-        ValueError: For an unknown name, ``hidden`` given to a fixed preset, a preset
-            whose fixed input width does not match ``input_shape``, a convolutional preset
-            on flat features, or a preset for the other kind of input (``token_inputs``).
+        ValueError: For an unknown name, an option the builder does not take, or inputs it refuses.
     """
-    shape = tuple(int(s) for s in input_shape)
-    features = math.prod(shape)
-    if name not in PRESETS:
+    if name not in _BUILDERS:
         raise ValueError(f"model={name} is unknown; choose one of {', '.join(PRESETS)}.")
-    data = f"data={data_name}" if data_name else "the data"
-    if token_inputs is not None and token_inputs != (name in SEQUENCE_PRESETS):
-        if token_inputs:
+    inputs = ModelInputs(
+        shape=tuple(int(s) for s in input_shape),
+        num_classes=int(num_classes),
+        data_name=data_name,
+        token_inputs=token_inputs,
+    )
+    builder = _BUILDERS[name]
+    try:
+        return builder(inputs=inputs, **options)
+    except TypeError as exc:
+        if "unexpected keyword argument" not in str(exc):
+            raise
+        if "hidden" in options and name in FIXED_INPUT:
             raise ValueError(
-                f"model={name} takes features but {data} gives windows of token ids (shape {shape}); "
-                f"choose {' or '.join(f'model={p}' for p in SEQUENCE_PRESETS)}."
-            )
-        raise ValueError(
-            f"model={name} embeds token ids but {data} gives features (shape {shape}); use data=shakespeare."
-        )
-    if name in IMAGE_PRESETS and len(shape) != 3:
-        flat = ["model=mlp", "model=logreg"] + (["model=logistic"] if num_classes == 2 else [])
-        raise ValueError(
-            f"model={name} is a convolutional network for images (C, H, W) but {data} gives "
-            f"flat features (shape {shape}); choose {', '.join(flat[:-1])} or {flat[-1]}."
-        )
-    if name in _OPTION_BUILDERS:
-        if hidden is not None:
-            options["hidden"] = hidden
-        try:
-            return _OPTION_BUILDERS[name](shape, num_classes, **options)
-        except TypeError as exc:
-            raise ValueError(f"model={name} got an unknown option ({exc}); remove it from the model config.") from None
-    if options:
-        raise ValueError(f"model={name} takes no options {sorted(options)}; remove them from the model config.")
-    if hidden is not None and name != "mlp":
-        raise ValueError(f"model.hidden only applies to model=mlp (got model={name}); remove model.hidden.")
-    expected = FIXED_INPUT.get(name)
-    if expected is not None and expected != features:
-        fits = [f"model={p}" for p, n in FIXED_INPUT.items() if n == features] + ["model=mlp"]
-        raise ValueError(
-            f"model={name} expects {expected} input features but {data} provides {features} "
-            f"(shape {shape}); choose {' or '.join(fits)}."
-        )
-    if name in _MLP_HIDDEN:
-        return MLP(in_features=features, hidden=_MLP_HIDDEN[name], num_classes=num_classes)
-    if name == "mlp":
-        return MLP(
-            in_features=features,
-            hidden=tuple(hidden) if hidden is not None else (200, 200),
-            num_classes=num_classes,
-        )
-    return _BUILDERS[name](shape, num_classes)
+                f"model.hidden only applies to model=mlp (got model={name}); remove model.hidden."
+            ) from None
+        raise ValueError(f"model={name} got an unknown option ({exc}); remove it from the model config.") from None
