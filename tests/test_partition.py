@@ -23,10 +23,10 @@ from fedlightning.datamodules.partition import (
     iid_partition,
     natural_partition,
     partition_summary,
-    plot_label_distribution,
     quantity_skew_partition,
     shard_partition,
 )
+from fedlightning.plotting import plot_label_distribution
 
 Partitioner = Callable[..., list[np.ndarray]]
 

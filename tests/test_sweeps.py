@@ -53,3 +53,33 @@ def test_cli_prints_the_table_and_fails_clearly_on_unknown_keys(sweep: Path, cap
         main([str(sweep), "--rows", "method.dd", "--cols", "seed"])
     assert stop.value.code == 1
     assert "'method.dd'" in capsys.readouterr().err
+
+
+AXES = ["--rows", "method.d", "--cols", "method.compression", "--value", "acc"]
+
+
+def test_table_counts_a_run_present_in_two_sweeps_once(
+    sweep: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture
+) -> None:
+    import shutil
+
+    again = tmp_path_factory.mktemp("again")
+    shutil.copytree(sweep / "0", again / "0")  # d=1, m/n=8, seed 0 ran a second time
+    main([str(sweep), str(again), *AXES])
+    captured = capsys.readouterr()
+    assert "| 1 | 0.8200 ± 0.0283 (n=2) | – |" in captured.out  # seeds 0 and 1 once each, not n=3
+    assert f"{again / '0'} repeats {sweep / '0'}" in captured.err
+    assert "(1 repeated runs counted once)" in captured.out
+
+
+def test_table_refuses_two_copies_of_a_run_with_different_results(
+    sweep: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture
+) -> None:
+    again = tmp_path_factory.mktemp("again")
+    _write(again / "0", ["+experiment=x", "method.d=1", "method.compression=8", "seed=0"], acc=0.5)
+    with pytest.raises(SystemExit) as stop:
+        main([str(sweep), str(again), *AXES])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert f"{sweep / '0'} and {again / '0'} are the same config and seed with different results" in err
+    assert "acc: 0.8 vs 0.5" in err

@@ -18,6 +18,18 @@ log = logging.getLogger(__name__)
 CURVE_FIELDS = ("round", "comm/uplink_bits_total", "comm/downlink_bits_total", "comm/bits_total")
 
 
+def curve_title(*, method: str, data: str, partition: str, compressor: str, downlink: str = "none") -> str:
+    """The title of a run's curve: what ran on which split, and what compressed its messages.
+
+    >>> curve_title(method="fedavg", data="digits", partition="dirichlet", compressor="qsgd")
+    'fedavg on digits (dirichlet split), uplink: qsgd'
+    >>> curve_title(method="fedavg", data="mnist", partition="iid", compressor="none", downlink="natural")
+    'fedavg on mnist (iid split), uplink: uncompressed, downlink: natural'
+    """
+    title = f"{method} on {data} ({partition} split), uplink: {compressor if compressor != 'none' else 'uncompressed'}"
+    return title + (f", downlink: {downlink}" if downlink != "none" else "")
+
+
 class BitsVsAccuracy(L.Callback):
     """Records (round, cumulative bits, val/acc) at every evaluation.
 
@@ -28,7 +40,7 @@ class BitsVsAccuracy(L.Callback):
 
     Args:
         output_dir: folder for the CSV and PNG.
-        title: plot title (e.g. "fedavg on digits").
+        title: plot title (:func:`curve_title`, e.g. "fedavg on digits (dirichlet split), uplink: qsgd").
         metric: the validation score to record (``val/acc``; ``val/r2`` for regression).
     """
 

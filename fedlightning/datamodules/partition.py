@@ -20,7 +20,7 @@ samples take well under a second.
 The frozen dataclasses below wrap the functions for Hydra (``_target_``), e.g.
 ``partition: {_target_: fedlightning.datamodules.DirichletPartition, alpha: 0.1}``; they are
 called like the functions, ``DirichletPartition(alpha=0.1)(labels, 10, seed=0)``.
-:func:`plot_label_distribution` draws the per-client label histogram of any split.
+:func:`fedlightning.plotting.plot_label_distribution` draws the per-client label histogram of any split.
 
 Example:
     >>> parts = iid_partition(np.zeros(10), 3, seed=0)
@@ -32,10 +32,8 @@ Example:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,7 +54,6 @@ __all__ = [
     "iid_partition",
     "natural_partition",
     "partition_summary",
-    "plot_label_distribution",
     "quantity_skew_partition",
     "shard_partition",
 ]
@@ -535,89 +532,6 @@ def partition_summary(labels: np.ndarray, parts: Sequence[np.ndarray], num_class
     client = np.repeat(np.arange(k), sizes)
     flat = client * num_classes + labels[idx].astype(np.int64)
     return np.bincount(flat, minlength=k * num_classes).reshape(k, num_classes)
-
-
-def plot_label_distribution(
-    labels: ArrayLike,
-    partition: Sequence[np.ndarray],
-    path: str | os.PathLike[str],
-    *,
-    class_names: Sequence[str] | None = None,
-    title: str | None = None,
-) -> Path:
-    """Save a picture of the per-client label histogram of ``partition``.
-
-    Up to 100 clients and 20 classes it draws stacked bars (one bar per client, its height
-    the client's size, one colour per class, the legend outside the axes); otherwise a
-    heatmap of samples per client and class (white where a client has none of a class).
-
-    Args:
-        labels: Class label of every sample the partition indexes, shape ``(N,)``.
-        partition: Per-client index arrays into ``labels``.
-        path: Image file to write (``.png``, ``.pdf``, ...); its folder must exist.
-        class_names: Names of the sorted distinct labels, for the legend or the y axis.
-        title: Figure title; default names the counts of clients, samples and classes.
-
-    Returns:
-        ``path`` as a ``Path``.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from matplotlib.collections import PolyCollection
-    from matplotlib.patches import Patch
-    from matplotlib.ticker import MaxNLocator
-
-    labels = _labels(labels)
-    classes, inverse = np.unique(labels, return_inverse=True)
-    hist = partition_summary(inverse, list(partition), classes.size)  # K x C
-    k, c = hist.shape
-    names = [str(n) for n in class_names] if class_names is not None else [str(v) for v in classes]
-    if len(names) != c:
-        raise ValueError(f"class_names has {len(names)} names for {c} distinct labels.")
-    title = title or f"Label distribution: {k} clients, {int(hist.sum()):,} samples, {c} classes"
-    stacked = k <= 100 and c <= 20
-    width = min(14.0, max(6.0, 3.0 + 0.11 * k)) if stacked else min(14.0, max(6.0, 3.0 + 0.02 * k))
-    fig, ax = plt.subplots(figsize=(width, 4.2), layout="constrained")
-    try:
-        if stacked:
-            cmap = plt.get_cmap("tab10" if c <= 10 else "tab20")
-            # One collection of K rectangles per class: far faster to draw than K * C bar patches.
-            top = np.cumsum(hist, axis=1)
-            left, right = np.arange(k) - 0.425, np.arange(k) + 0.425
-            for j in range(c):
-                low = top[:, j] - hist[:, j]
-                boxes = np.stack(
-                    [np.c_[left, low], np.c_[right, low], np.c_[right, top[:, j]], np.c_[left, top[:, j]]], axis=1
-                )
-                ax.add_collection(PolyCollection(list(boxes), facecolors=cmap(j), linewidths=0))
-            ax.set_xlim(-0.6, k - 0.4)
-            ax.set_ylim(0, max(1, int(top[:, -1].max())) * 1.03)
-            ax.set_ylabel("samples on the client")
-            handles = [Patch(color=cmap(j), label=names[j]) for j in range(c)]
-            ax.legend(
-                handles=handles,
-                title="label",
-                loc="upper left",
-                bbox_to_anchor=(1.01, 1.0),
-                frameon=False,
-                fontsize="small",
-            )
-        else:
-            shown = np.ma.masked_equal(hist.T, 0)
-            image = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap="viridis", origin="lower")
-            fig.colorbar(image, ax=ax, label="samples")
-            ax.set_ylabel("label")
-            if c <= 40:
-                ax.set_yticks(np.arange(c), names, fontsize="small")
-        ax.set_xlabel("client")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(k, 20)))
-        ax.set_title(title)
-        fig.savefig(path, dpi=120)
-    finally:
-        plt.close(fig)
-    return Path(path)
 
 
 @dataclass(frozen=True, kw_only=True)
