@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -52,8 +53,18 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # a full disk or a read-only folder: the OSError, naming the checkpoint
+        failure = exc if isinstance(exc, OSError) else exc.__context__  # torch's writer wraps it in a RuntimeError
+        if not isinstance(failure, OSError):
+            raise
+        if failure.filename is None or failure.filename == str(tmp):
+            failure.filename = str(path)
+        if failure is exc:
+            raise
+        raise failure from exc
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder, where it could not be made either
+            tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
 
 

@@ -14,6 +14,7 @@ the failed jobs, one line each.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import difflib
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlightning.errors import FedLightningError
+from fedlightning.folder_lock import RunFolderTakenError, writable, write_text_atomic
 from fedlightning.schema import TrainSchema, close_match, target_keys
 
 log = logging.getLogger("fedlightning")
@@ -143,16 +145,23 @@ def record_failure(
     """
     sentence = error_sentence(exc)
     job_dir = Path(job_dir)
-    job_dir.mkdir(parents=True, exist_ok=True)
+    # A folder that another run holds, or that holds another run, keeps its records (its log
+    # included): nothing is written, and the command tells the sentence on stderr.
+    if isinstance(exc, RunFolderTakenError) or not writable(job_dir):
+        return sentence
     trace = "".join(traceback.format_exception(exc))
-    (job_dir / ERROR_FILE).write_text(f"{sentence}\n\n{trace}")
     status = {"status": "failed", "error": sentence, "error_type": type(exc).__name__, "overrides": list(overrides)}
-    (job_dir / STATUS_FILE).write_text(json.dumps(status, indent=2) + "\n")
+    where = f"{sentence} (traceback in {job_dir / ERROR_FILE})"
+    try:  # atomic writes: a full disk leaves the previous status whole, never a 0-byte file
+        job_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(job_dir / ERROR_FILE, f"{sentence}\n\n{trace}")
+        write_text_atomic(job_dir / STATUS_FILE, json.dumps(status, indent=2) + "\n")
+    except OSError as failure:  # the job's own error says more than this one
+        where = f"{sentence} (not recorded in {job_dir}: {failure.strerror or failure})"
     # The log gets the sentence only: Hydra's console handler shows the log too, and the user
     # sees no traceback for an error they can fix (it is in error.txt).
-    where = f"{sentence} (traceback in {job_dir / ERROR_FILE})"
     if log_file is not None:
-        with (job_dir / log_file).open("a") as handle:
+        with contextlib.suppress(OSError), (job_dir / log_file).open("a") as handle:
             handle.write(f"[{_timestamp()}][fedlightning][ERROR] - {where}\n")
     else:
         log.error("%s", where)
@@ -160,9 +169,18 @@ def record_failure(
 
 
 def record_success(job_dir: str | Path, *, overrides: Sequence[str] = ()) -> None:
-    """Write ``status.json`` with ``"status": "completed"`` into ``job_dir``."""
+    """Write ``status.json`` with ``"status": "completed"`` into ``job_dir`` and drop an earlier ``error.txt``.
+
+    A folder this job did not make its own (a complete run returned as it was) is left as it is.
+    """
+    if not writable(job_dir):
+        return
     status = {"status": "completed", "overrides": list(overrides)}
-    Path(job_dir, STATUS_FILE).write_text(json.dumps(status, indent=2) + "\n")
+    try:
+        write_text_atomic(Path(job_dir, STATUS_FILE), json.dumps(status, indent=2) + "\n")
+        Path(job_dir, ERROR_FILE).unlink(missing_ok=True)  # a failed attempt's, now resumed and completed
+    except OSError as exc:  # summary.json is written: the result stands without its status
+        log.warning("Could not write %s (%s); the run's summary.json holds its result.", exc.filename, exc.strerror)
 
 
 def read_status(job_dir: str | Path) -> dict[str, Any] | None:

@@ -24,8 +24,9 @@ import csv
 import io
 import json
 import logging
-import os
-from collections.abc import Callable, Iterator, Mapping
+import pickletools
+import zipfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedlightning.checkpointing import LAST, safe_torch_load
 from fedlightning.errors import ConfigError
+from fedlightning.folder_lock import RUN_OUTPUTS as RUN_OUTPUTS
+from fedlightning.folder_lock import RunFolderTakenError, mark_claimed
+from fedlightning.folder_lock import hold as locked  # noqa: F401 (the run folder's lock, used by fedlightning.run)
+from fedlightning.folder_lock import write_text_atomic as write_text_atomic
 
 log = logging.getLogger("fedlightning")
 
@@ -48,10 +53,14 @@ IGNORED_KEYS = (
     "trainer.enable_progress_bar",
     "trainer.enable_model_summary",
     "print_config",
+    # How many processes share the work: each round's cohort, random streams and bit counts are
+    # those of one process (README "Several processes"), so a run resumes with another count.
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
+    "trainer.use_distributed_sampler",
 )
 """Config keys that do not change what a run computes; a run folder accepts any value for them."""
-RUN_OUTPUTS = (SUMMARY_FILE, RECORDS_FILE, CURVE_FILE, CHECKPOINTS, "csv")
-"""What a run writes into its folder: a folder holding any of them without ``run.json`` is refused."""
 ADDED_NODES: dict[str, dict[str, Any]] = {
     "early_stopping": {"monitor": None},
 }
@@ -78,6 +87,12 @@ def run_config(cfg: DictConfig) -> dict[str, Any]:
     config = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(config, dict)
     out: dict[str, Any] = json.loads(json.dumps(config, default=str))  # plain JSON values only
+    return _without_ignored(out)
+
+
+def _without_ignored(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without :data:`IGNORED_KEYS` (a record written before a key was ignored still holds it)."""
+    out: dict[str, Any] = json.loads(json.dumps(config))
     for key in IGNORED_KEYS:
         node: Any = out
         *parents, leaf = key.split(".")
@@ -124,42 +139,53 @@ def claim(output_dir: Path, config: dict[str, Any]) -> dict[str, Any] | None:
     """Check ``output_dir`` against ``config``; the recorded summary if the run is already complete.
 
     A folder without run outputs (:data:`RUN_OUTPUTS`) is free, whatever its ``run.json`` says
-    (a run that stopped before training, e.g. on a config error, leaves no outputs).
+    (a run that stopped before training, e.g. on a config error, leaves no outputs). A folder
+    that this run may continue becomes its own (:func:`fedlightning.folder_lock.mark_claimed`);
+    a complete one stays the earlier run's: nothing is written into it.
 
     Raises:
-        ConfigError: the folder holds outputs of a run of another config, or outputs without
-            ``run.json``.
+        RunFolderTakenError: the folder holds outputs of a run of another config, or outputs
+            without a readable ``run.json``.
+        ConfigError: its ``summary.json`` is not a fedlightning summary.
     """
     found = [name for name in RUN_OUTPUTS if (output_dir / name).exists()]
     if not found:
+        mark_claimed(output_dir)
         return None
     record = output_dir / RUN_FILE
-    if not record.is_file():
-        raise ConfigError(
+    start_over = f"delete the run folder {output_dir} to start over, or choose another one (hydra.run.dir=...)"
+    if not record.exists():
+        raise RunFolderTakenError(
             f"The folder {output_dir} holds run outputs ({', '.join(found)}) but no {RUN_FILE} saying which "
             "config made them; choose another folder (hydra.run.dir=...) or delete them to start over."
         )
-    try:
-        recorded = json.loads(record.read_text())["config"]
-    except (ValueError, KeyError, TypeError):
-        raise ConfigError(
-            f"{record} is not a fedlightning run record; delete the run folder {output_dir} "
-            "or choose another one (hydra.run.dir=...)."
-        ) from None
-    differences = config_differences(recorded, config)
+    recorded = _read_json(record, fix=start_over, error=RunFolderTakenError).get("config")
+    if not isinstance(recorded, dict):
+        raise RunFolderTakenError(f"{record} is not a fedlightning run record (no 'config' object); {start_over}.")
+    differences = config_differences(_without_ignored(recorded), config)
     if differences:
         shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")
-        raise ConfigError(
+        raise RunFolderTakenError(
             f"The run folder {output_dir} holds a run with another config ({shown}); "
             "choose another folder (hydra.run.dir=...) or delete this one to start over."
         )
     summary = output_dir / SUMMARY_FILE
-    if summary.is_file():
+    if summary.exists() and not summary.is_dir():
         try:
-            done: dict[str, Any] = json.loads(summary.read_text())
+            done = json.loads(_read_text(summary, fix=start_over))
         except ValueError:  # a summary cut short: the run resumes and writes it again
-            return None
-        return done
+            done = None
+        if isinstance(done, dict) and done.get("status", "completed") == "completed":
+            return done
+        if done is not None:
+            mark_claimed(output_dir)
+            raise ConfigError(
+                f"{summary} is not a fedlightning summary (a JSON object of a completed run); delete it to "
+                f"resume the run, or {start_over}."
+            )
+    mark_claimed(output_dir)
+    if summary.is_dir():
+        raise ConfigError(f"{summary} is a folder, where the run writes its summary; delete it to resume the run.")
     return None
 
 
@@ -170,26 +196,63 @@ def write_record(output_dir: Path, config: dict[str, Any]) -> None:
     )
 
 
-@contextlib.contextmanager
-def locked(output_dir: Path) -> Iterator[None]:
-    """Hold ``<output_dir>/.lock`` for the run, so two runs never write one folder at once."""
+# ---------------------------------------------------------------------------- reading a folder's files
+def _read_text(path: Path, *, fix: str, error: type[ConfigError] = ConfigError) -> str:
+    """``path``'s text; a file that cannot be read (a folder, not UTF-8, no permission) is one sentence."""
     try:
-        import fcntl
-    except ImportError:  # no advisory locks on this platform
-        yield
-        return
-    handle = (output_dir / ".lock").open("a+")
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path} is not UTF-8 text (damaged, or not written by fedlightning); {fix}.") from None
+    except IsADirectoryError:
+        raise error(f"{path} is a folder, not a file; {fix}.") from None
+    except OSError as exc:
+        raise error(f"{path} cannot be read ({exc.strerror or type(exc).__name__}); {fix}.") from None
+
+
+def _read_json(path: Path, *, fix: str, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
+    """``path``'s JSON object; anything else (not JSON, a list, unreadable) is one sentence."""
+    text = _read_text(path, fix=fix, error=error)
     try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"Another run is writing the run folder {output_dir}; wait for it to finish "
-                "or choose another folder (hydra.run.dir=...)."
-            ) from None
-        yield
-    finally:
-        handle.close()  # releases the lock (so does the end of the process, even by SIGKILL)
+        value = json.loads(text)
+    except ValueError as exc:
+        raise error(f"{path} is not valid JSON ({exc}); {fix}.") from None
+    if not isinstance(value, dict):
+        raise error(f"{path} holds a JSON {type(value).__name__}, not the object fedlightning writes; {fix}.")
+    return value
+
+
+def read_partition_record(path: Path, *, fix: str) -> dict[str, Any]:
+    """A run folder's ``partition.json`` as written by ``FederatedDataModule.save_partition``, checked as JSON."""
+    record = _read_json(path, fix=fix)
+    for key in ("clients", "validation"):
+        if key in record and not isinstance(record[key], list):
+            raise ConfigError(f"{path} holds {key} as a JSON {type(record[key]).__name__}, not a list; {fix}.")
+    return record
+
+
+def read_csv_rows(path: Path, *, fix: str, needs: tuple[str, ...] = ()) -> tuple[list[str], list[list[str]], str]:
+    """``path``'s header, rows and text; a last line without its newline (cut short by a kill) is dropped.
+
+    A file that is not CSV text, lacks a column of ``needs`` or holds a row of another length
+    than its header stops the run with one sentence naming the file, the line and ``fix``.
+    """
+    text = _read_text(path, fix=fix)
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise ConfigError(f"{path} is not a CSV file ({exc}); {fix}.") from None
+    if not rows:
+        return [], [], text
+    header, body = rows[0], rows[1:]
+    missing = [name for name in needs if name not in header]
+    if missing:
+        raise ConfigError(f"{path} has no '{missing[0]}' column; {fix}.")
+    for line, row in enumerate(body, start=2):
+        if len(row) != len(header):
+            raise ConfigError(f"{path} line {line} has {len(row)} fields, its header {len(header)}; {fix}.")
+    return header, body, text
 
 
 # ---------------------------------------------------------------------------- checkpoints
@@ -209,6 +272,12 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     try:
         checkpoint = safe_torch_load(path)
     except Exception as exc:  # torch raises many types for a damaged file
+        code = _pickled_calls(path)
+        if code:  # refused by the weights-only unpickler, whatever the opcode it stopped at
+            raise UnreadableCheckpointError(
+                f"holds code (unpickling it would call {code[0]}), not only tensors and plain containers, "
+                "and is refused as unsafe"
+            ) from None
         text = str(exc)
         if "unsupported global" in text.lower():  # the weights-only unpickler refused to import something
             raise UnreadableCheckpointError(
@@ -221,6 +290,43 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or not {"state_dict", "loops", "global_step"} <= set(checkpoint):
         raise UnreadableCheckpointError("is not a Lightning checkpoint (it lacks state_dict, loops or global_step)")
     return checkpoint
+
+
+SAFE_PICKLE_MODULES = ("torch", "collections", "_codecs", "numpy")
+"""Modules whose globals a checkpoint's pickle may name (tensor and storage rebuilders, ``OrderedDict``)."""
+
+
+def _pickled_calls(path: Path) -> list[str]:
+    """``module.name`` of each global outside :data:`SAFE_PICKLE_MODULES` that ``path``'s pickles import.
+
+    Read with :mod:`pickletools` (which decodes opcodes and runs nothing), from the ``data.pkl``
+    of a zip checkpoint or the pickles of a plain file. Empty when none is found or the file
+    cannot be decoded.
+    """
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                names = [n for n in archive.namelist() if n.endswith("data.pkl")]
+                data = archive.read(names[0]) if names else b""
+        else:
+            data = path.read_bytes()
+    except (OSError, zipfile.BadZipFile, KeyError):
+        return []
+    found: list[str] = []
+    stream = io.BytesIO(data)
+    while stream.tell() < len(data):  # a legacy torch file is several pickles in a row
+        strings: list[str] = []
+        try:
+            for opcode, arg, _ in pickletools.genops(stream):
+                if isinstance(arg, str):
+                    strings.append(arg)
+                if opcode.name in ("GLOBAL", "INST") and isinstance(arg, str):
+                    found.append(arg.replace(" ", "."))
+                elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    found.append(f"{strings[-2]}.{strings[-1]}")
+        except Exception:  # not a pickle from here on: what was read is all there is
+            break
+    return [name for name in found if name.split(".")[0] not in SAFE_PICKLE_MODULES]
 
 
 def checkpoint_round(checkpoint: Mapping[str, Any]) -> int:
@@ -280,15 +386,20 @@ def missing_rows(metrics_files: list[Path], round_idx: int) -> str | None:
         return None
     for path in metrics_files:
         found = False
-        if path.is_file():
-            with path.open(newline="") as handle:
-                for row in csv.DictReader(handle):
-                    if _number(row.get("step")) == round_idx and row.get("train/loss"):
-                        found = True
-                        break
+        if path.exists():
+            header, body, _ = read_csv_rows(path, fix=_start_over(path.parent.parent), needs=("step",))
+            for values in body:
+                row = dict(zip(header, values, strict=True))
+                if _number(row.get("step")) == round_idx and row.get("train/loss"):
+                    found = True
+                    break
         if not found:
             return f"is from round {round_idx}, whose training row never reached {path.name} (killed in between)"
     return None
+
+
+def _start_over(folder: Path) -> str:
+    return f"delete the run folder {folder} to start over, or choose another one (hydra.run.dir=...)"
 
 
 def _number(text: str | None) -> float | None:
@@ -370,38 +481,42 @@ def _state_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str
 
 
 # ---------------------------------------------------------------------------- CSVs cut back to a round
-def cut_csv(path: Path, keep: Any, *, source: Path | None = None) -> None:
+def cut_csv(path: Path, keep: Callable[[dict[str, str]], bool], *, source: Path | None = None, fix: str = "") -> None:
     """Rewrite ``path`` with the rows of ``source`` (default: itself) for which ``keep(row)`` is true.
 
     A last line without its newline (a write cut short by a kill) is dropped. The file is replaced
-    atomically; without a ``source`` file, ``path`` is removed.
+    atomically; without a ``source`` file, ``path`` is removed. A damaged file (not CSV text, a
+    row of another length than the header, a value ``keep`` cannot read) stops the run with one
+    sentence naming the file and ``fix`` (default: start over in a new folder).
     """
     source = source or path
-    if not source.is_file():
+    fix = fix or _start_over(source.parent)
+    if not source.exists():
         path.unlink(missing_ok=True)
         return
-    text = source.read_text()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-    rows = list(csv.reader(io.StringIO(text)))
-    if not rows:
+    header, body, text = read_csv_rows(source, fix=fix)
+    if not header:
         path.unlink(missing_ok=True)
         return
-    header, body = rows[0], rows[1:]
     kept = []
-    for row in body:
-        if len(row) != len(header):
-            continue
+    for line, values in enumerate(body, start=2):
         try:
-            if keep(dict(zip(header, row, strict=True))):
-                kept.append(row)
-        except ValueError:  # a damaged row
-            continue
+            if keep(dict(zip(header, values, strict=True))):
+                kept.append(values)
+        except (KeyError, ValueError) as exc:
+            what = f"no '{exc.args[0]}' column" if isinstance(exc, KeyError) else f"a damaged value ({exc})"
+            raise ConfigError(f"{source} line {line} has {what}; {fix}.") from None
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n" if "\r\n" in text[:2000] else "\n")
     writer.writerow(header)
     writer.writerows(kept)
     write_text_atomic(path, out.getvalue())
+
+
+def _no_test_values(row: dict[str, str]) -> bool:
+    """A metrics row that is not a test row: the run tests after its final checkpoint, so a resumed
+    run writes the test row again (a kill between the test and ``summary.json`` leaves one)."""
+    return not any(value for name, value in row.items() if name.startswith("test/"))
 
 
 def cut_back(output_dir: Path, resume_round: int, metrics_files: list[Path], *, source: Path | None = None) -> None:
@@ -412,14 +527,18 @@ def cut_back(output_dir: Path, resume_round: int, metrics_files: list[Path], *, 
     Every file counts rounds from 1 (round k is the k-th round; ``round-000k.ckpt`` holds k
     rounds): ``comm_records.csv`` keeps its rows of rounds ``<= resume_round``, the loggers'
     ``metrics.csv`` its rows at steps ``<= resume_round`` (a row's step is its round, see
-    :class:`fedlightning.loggers.CSVLogger`) and ``bits_vs_accuracy.csv`` its points up to round
-    ``resume_round``. With ``source`` (the
-    folder of a checkpoint given as ``ckpt_path``), the rows are taken from that folder's files.
+    :class:`fedlightning.loggers.CSVLogger`) except test rows, and ``bits_vs_accuracy.csv`` its
+    points up to round ``resume_round``. With ``source`` (the folder of a checkpoint given as
+    ``ckpt_path``), the rows are taken from that folder's files.
     """
 
     def from_source(path: Path) -> Path | None:
         return None if source is None else source / path.relative_to(output_dir)
 
+    if source is not None:
+        fix = f"the run folder {source} of ckpt_path is damaged: point ckpt_path at another run's checkpoint"
+    else:
+        fix = _start_over(output_dir)
     for folder in {output_dir, output_dir / CHECKPOINTS, *(path.parent for path in metrics_files)}:
         for stale in folder.glob(".*.tmp-*"):  # a write cut short by a kill
             stale.unlink(missing_ok=True)
@@ -428,21 +547,8 @@ def cut_back(output_dir: Path, resume_round: int, metrics_files: list[Path], *, 
         for path in (output_dir / RECORDS_FILE, output_dir / CURVE_FILE, *metrics_files):
             path.unlink(missing_ok=True)
         return
-    cut_csv(output_dir / RECORDS_FILE, lambda r: int(r["round"]) <= k, source=from_source(output_dir / RECORDS_FILE))
-    cut_csv(output_dir / CURVE_FILE, lambda r: float(r["round"]) <= k, source=from_source(output_dir / CURVE_FILE))
+    for name, column in ((RECORDS_FILE, "round"), (CURVE_FILE, "round")):
+        path = output_dir / name
+        cut_csv(path, lambda r, c=column: float(r[c]) <= k, source=from_source(path), fix=fix)  # type: ignore[misc]
     for path in metrics_files:
-        cut_csv(path, lambda r: float(r["step"]) <= k, source=from_source(path))
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file next to ``path``, flushed to disk, then renamed onto it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("w", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        cut_csv(path, lambda r: float(r["step"]) <= k and _no_test_values(r), source=from_source(path), fix=fix)

@@ -414,7 +414,8 @@ def test_a_crafted_checkpoint_runs_no_code_even_when_torch_is_told_to_unpickle(
     with pytest.raises(ConfigError) as info:
         run(compose_config(["rounds=2", "data.num_clients=3", f"ckpt_path={crafted}"]), tmp_path / "run")
     assert not marker.exists()
-    assert f"ckpt_path={crafted} holds objects other than tensors" in str(info.value)
+    assert f"ckpt_path={crafted} holds code (unpickling it would call" in str(info.value)
+    assert "refused as unsafe" in str(info.value)
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> None:
@@ -459,5 +460,19 @@ def test_ckpt_path_into_a_new_folder_continues_the_csvs_of_its_run(finished: Pat
 
 
 def test_a_folder_held_by_another_run_is_refused(tmp_path: Path) -> None:
-    with locked(tmp_path), pytest.raises(ConfigError, match="Another run is writing the run folder"):
-        run(compose_config(["rounds=1"]), tmp_path)
+    import fcntl
+
+    with (tmp_path / ".lock").open("a+") as other:  # another run's lock: its own open file description
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match="Another run is writing the run folder"):
+            run(compose_config(["rounds=1"]), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]  # nothing written
+
+
+def test_a_run_holds_its_folder_reentrantly_and_removes_its_lock_at_the_end(tmp_path: Path) -> None:
+    with locked(tmp_path):
+        assert (tmp_path / ".lock").is_file()
+        with locked(tmp_path):  # the same process again (the command, then run())
+            pass
+        assert (tmp_path / ".lock").is_file()
+    assert not (tmp_path / ".lock").exists()

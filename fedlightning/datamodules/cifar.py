@@ -25,6 +25,7 @@ switchable, drawing only from the client's generator.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import logging
@@ -40,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedlightning.datamodules.base import DataUnavailableError, FederatedDataModule, subset_indices
+from fedlightning.folder_lock import write_failure
 
 __all__ = ["CIFAR10_CLASSES", "CIFAR10DataModule", "CIFAR100DataModule", "random_crop_flip"]
 
@@ -110,6 +112,33 @@ class _BatchUnpickler(pickle.Unpickler):
         if (module, name) not in _BATCH_GLOBALS:
             raise pickle.UnpicklingError(f"it asks for {module}.{name}, which no CIFAR batch contains")
         return super().find_class(module, name)
+
+
+def _write_cache(cache: Path, **arrays: np.ndarray) -> None:
+    """Save ``arrays`` to ``cache`` (``.npz``) through a temporary file renamed into place.
+
+    A cache that cannot be written (full, read-only) stops the run with one sentence naming it,
+    and leaves no temporary file behind.
+    """
+    tmp = cache.with_name(cache.name + f".tmp{os.getpid()}.npz")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]
+        tmp.replace(cache)
+    except OSError as exc:
+        if exc.filename is None or exc.filename == str(tmp):
+            exc.filename = str(cache)
+        fix = (
+            "free space there, point FEDLIGHTNING_CACHE or data.cache_dir at a writable folder, "
+            "or set data.cache_dir='' to decode without a cache"
+        )
+        failure = write_failure(exc, path=cache, fix=fix)
+        if failure is None:
+            raise
+        raise failure from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def _read_pickle(path: Path) -> dict[str, object]:
@@ -334,10 +363,7 @@ class CIFAR10DataModule(FederatedDataModule):
                     self._add_notice(f"subset: {len(chosen):,} of {len(items):,} {what} JPEGs decoded")
                 out.append((np.ascontiguousarray(x.transpose(0, 3, 1, 2)), y))
         if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(cache.name + f".tmp{os.getpid()}.npz")
-            np.savez(tmp, x_train=out[0][0], y_train=out[0][1], x_test=out[1][0], y_test=out[1][1])
-            tmp.replace(cache)
+            _write_cache(cache, x_train=out[0][0], y_train=out[0][1], x_test=out[1][0], y_test=out[1][1])
             log.info("cifar10: decoded JPEGs cached at %s", cache)
         (x_tr, y_tr), (x_te, y_te) = out
         return (torch.from_numpy(x_tr), torch.from_numpy(y_tr)), (torch.from_numpy(x_te), torch.from_numpy(y_te))

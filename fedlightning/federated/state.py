@@ -153,7 +153,14 @@ class ClientStateStore:
         while held > self.memory_budget_bytes and self._state:
             cid, entries = self._state.popitem(last=False)
             held -= state_bytes(entries)
-            torch.save(entries, self._file(cid))  # tensors come back on their devices
+            try:
+                torch.save(entries, self._file(cid))  # tensors come back on their devices
+            except RuntimeError as exc:  # torch's writer wraps the OSError of a full disk
+                failure = exc.__context__
+                if not isinstance(failure, OSError):
+                    raise
+                failure.filename = failure.filename or str(self._file(cid))
+                raise failure from exc  # the run folder's holder tells it in one sentence
             self._on_disk.add(cid)
             spilled += 1
         self.spilled_total += spilled
