@@ -76,20 +76,32 @@ def progress_text(*, score_name: str, score: float | None, uplink_bits: int | No
     return " · ".join(parts)
 
 
+def ratio_text(ratio: float) -> str:
+    """A compression ratio as a reader says it: ``1,020×``, ``32×``, ``1.5×``.
+
+    >>> ratio_text(1020.4), ratio_text(31.99), ratio_text(1.5), ratio_text(1.0)
+    ('1,020×', '32×', '1.5×', '1×')
+    """
+    if ratio >= 100:
+        return f"{ratio:,.0f}×"
+    return f"{ratio:.3g}×"
+
+
 def result_text(summary: dict[str, Any], *, score_name: str) -> str:
     """The run's closing line: the test score (``nan`` only when the run has none), the exact
-    bit totals and the uplink compression against dense float32, and the wall time.
+    bit totals (with thousands separators, as the bar prints them) and the uplink compression
+    against dense float32, and the wall time.
 
-    >>> result_text({"test/acc": 0.0, "comm/uplink_bits_total": 640, "comm/uplink_compression": 1.0,
+    >>> result_text({"test/acc": 0.0, "comm/uplink_bits_total": 76960000, "comm/uplink_compression": 1020.4,
     ...              "comm/downlink_bits_total": 640, "time/wall_s": 2.04}, score_name="acc")
-    'test/acc 0.0000 | uplink 640 bits (1x vs float32) | downlink 640 bits | 2.0 s'
+    'test/acc 0.0000 | uplink 76,960,000 bits (1,020× vs float32) | downlink 640 bits | 2.0 s'
     """
     score = summary.get(f"test/{score_name}")
     uplink, downlink = int(summary["comm/uplink_bits_total"]), int(summary["comm/downlink_bits_total"])
     return (
         f"test/{score_name} {float('nan') if score is None else score:.4f}"
-        f" | uplink {uplink} bits ({summary['comm/uplink_compression']:.3g}x vs float32)"
-        f" | downlink {downlink} bits | {summary['time/wall_s']:.1f} s"
+        f" | uplink {uplink:,} bits ({ratio_text(float(summary['comm/uplink_compression']))} vs float32)"
+        f" | downlink {downlink:,} bits | {summary['time/wall_s']:.1f} s"
     )
 
 

@@ -25,16 +25,20 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from fedlightning.callbacks.accounting import CommunicationAccountant
-from fedlightning.callbacks.bits_accuracy import BitsVsAccuracy
+from fedlightning.callbacks.bits_accuracy import BitsVsAccuracy, curve_title
+from fedlightning.callbacks.declared import declared_callbacks
 from fedlightning.callbacks.early_stopping import early_stopping_callback
 from fedlightning.checkpointing import AtomicCheckpointIO, RoundCheckpoint, scalar_metrics
 from fedlightning.console import RoundProgressBar, quiet_lightning, result_text
 from fedlightning.errors import ConfigError, FedLightningError
 from fedlightning.federated.channel import IncompatiblePayloadError
 from fedlightning.federated.rng import SERVER, stream_seed
+from fedlightning.folder_lock import make_folder
 from fedlightning.launch import release_workers
 from fedlightning.loggers import CSVLogger, WandbLogger
-from fedlightning.models import build_model
+from fedlightning.models import ModelInputs
+from fedlightning.preflight import instantiation_error, preflight, refusal_sentence
+from fedlightning.preflight import refuse_missing_accelerator as refuse_missing_accelerator
 from fedlightning.run_folder import (
     CHECKPOINTS,
     RUN_FILE,
@@ -48,12 +52,12 @@ from fedlightning.run_folder import (
     latest_good_checkpoint,
     locked,
     missing_rows,
+    read_partition_record,
     run_config,
     write_record,
     write_text_atomic,
 )
-from fedlightning.schema import refuse_unread_overrides, validate_config
-from fedlightning.tracking import flat_config, log_results, run_labels
+from fedlightning.tracking import choice, flat_config, log_results, run_labels
 
 log = logging.getLogger("fedlightning")
 
@@ -62,14 +66,14 @@ CONFIG_FILE = "config.yaml"
 
 
 def _build(node: Any, what: str, **kwargs: Any) -> Any:
-    """Instantiate ``node``; a constructor's own validation error becomes one sentence.
+    """Instantiate ``node``; a constructor's own validation error becomes one sentence in config names.
 
     Objects in ``kwargs`` are passed as they are (Hydra would turn a dataclass into a config).
     """
     try:
         factory = instantiate(node, _partial_=True)
     except InstantiationException as exc:
-        raise ConfigError(f"Could not build {what} from its config ({exc}); check {what}._target_.") from None
+        raise instantiation_error(exc, what) from None
     return _user_errors(what, factory, **kwargs)
 
 
@@ -83,26 +87,6 @@ def _user_errors(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise ConfigError(f"Could not build {what}: {exc}; check the keys under {what}.") from None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def refuse_missing_accelerator(trainer: Mapping[str, Any]) -> None:
-    """Refuse, in one sentence and before any data is read, a GPU accelerator or GPU count this machine lacks."""
-    accelerator = str(trainer.get("accelerator", "cpu")).lower()
-    if accelerator not in ("gpu", "cuda"):
-        return
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    devices = trainer.get("devices", 1)
-    wanted = devices if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0 else 1
-    if available == 0:
-        raise ConfigError(
-            f"trainer.accelerator={accelerator} needs a CUDA GPU and this machine has none "
-            "(torch.cuda.is_available() is false); use trainer.accelerator=cpu."
-        )
-    if wanted > available:
-        raise ConfigError(
-            f"trainer.devices={wanted} asks for more GPUs than this machine's {available}; "
-            f"set trainer.devices={available} or fewer."
-        )
 
 
 def configure_threads(threads: int | str | None) -> int:
@@ -167,11 +151,8 @@ def run(
         The summary dictionary (also written to ``summary.json``).
     """
     started = time.perf_counter()
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    validate_config(cfg)
-    refuse_unread_overrides(cfg, overrides)
-    refuse_missing_accelerator(cfg.trainer)
+    preflight(cfg, choices=choices, overrides=overrides)  # what the config decides: before any data or folder
+    output_dir = make_folder(output_dir)  # one sentence for a folder that cannot be made
     manage = int(getattr(rank_zero_only, "rank", 0)) == 0  # the first process keeps the folder
     config = run_config(cfg)
     with locked(output_dir) if manage else contextlib.nullcontext():
@@ -219,16 +200,13 @@ def _run(
     data_name = choices.get("data") or getattr(datamodule, "name", type(datamodule).__name__)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(seed=int(cfg.seed), round_idx=0, client_id=SERVER, purpose="model_init"))
-        model_cfg = {str(k): v for k, v in dict(OmegaConf.to_container(cfg.model, resolve=True)).items()}  # type: ignore[arg-type]
-        model = _user_errors(
-            "model",
-            build_model,
-            **model_cfg,
-            input_shape=tuple(datamodule.input_shape),
-            num_classes=datamodule.num_classes,
+        inputs = ModelInputs(
+            shape=tuple(int(s) for s in datamodule.input_shape),
+            num_classes=int(datamodule.num_classes),
             data_name=data_name,
             token_inputs=getattr(datamodule, "token_inputs", None),  # None: a data module that does not say
         )
+        model = _build(cfg.model, "model", inputs=inputs)
     module = _build(
         cfg.method,
         "method",
@@ -249,7 +227,14 @@ def _run(
     method_name = choices.get("method") or type(module).__name__.lower()
     accountant = CommunicationAccountant(records_path=output_dir / "comm_records.csv")
     score = f"val/{module.score_name}"
-    curve = BitsVsAccuracy(output_dir=output_dir, title=f"{method_name} on {data_name}", metric=score)
+    title = curve_title(
+        method=method_name,
+        data=str(data_name),
+        partition=datamodule.partition_name,
+        compressor=choice(cfg, choices, "compressor"),
+        downlink=choice(cfg, choices, "downlink"),
+    )
+    curve = BitsVsAccuracy(output_dir=output_dir, title=title, metric=score)
     checkpoints = _user_errors(
         "checkpoint_every",
         RoundCheckpoint,
@@ -263,7 +248,7 @@ def _run(
         node = cfg.get(group)
         if node and "_target_" in node:
             callback = _build(node, group)
-            attach_compressor(callback, module, group)  # refuses a payload it does not understand, now
+            attach_compressor(callback, module, group, choices=choices)  # refuses a payload it does not take, now
             callbacks.append(callback)
     if early_stopping is not None:
         callbacks.append(early_stopping)
@@ -272,6 +257,7 @@ def _run(
             callbacks.append(_build(node, f"callbacks.{name}"))
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(RoundProgressBar(score_name=module.score_name))
+    callbacks.extend(declared_callbacks(module))  # the method's own reports (its needed_callbacks)
 
     choices.setdefault("method", method_name)
     choices.setdefault("data", data_name)
@@ -334,7 +320,7 @@ def _run(
             "status": "completed",  # a failed job writes no summary.json (see fedlightning.jobs)
             "method": method_name,
             "data": data_name,
-            "model": choices.get("model") or cfg.model.get("name"),
+            "model": choice(cfg, choices, "model"),
             "partition": choices.get("partition") or getattr(partition, "name", None),
             "sampler": choices.get("sampler"),
             "rounds": trainer.global_step,
@@ -360,7 +346,9 @@ def _run(
         )
         if trainer.is_global_zero:  # one process writes the results
             if cfg.get("save_partition", True):  # a figure: drawn after training, not in start-up
-                datamodule.plot_label_distribution(output_dir / "label_distribution.png")
+                from fedlightning.plotting.labels import plot_client_labels  # matplotlib, only when drawn
+
+                plot_client_labels(datamodule, output_dir / "label_distribution.png")
             write_text_atomic(output_dir / "summary.json", json.dumps(_jsonable(summary), indent=2))
             for logger in loggers:
                 if isinstance(logger, WandbLogger) and hasattr(logger.experiment, "log_artifact"):
@@ -371,7 +359,8 @@ def _run(
                         metric=score,
                         targets=logger.accuracy_targets,
                     )
-        log.info("%s | %s", result_text(summary, score_name=module.score_name), output_dir / "summary.json")
+        if trainer.is_global_zero:  # the closing line once, not once per process
+            log.info("%s | %s", result_text(summary, score_name=module.score_name), output_dir / "summary.json")
     finally:
         for logger in loggers:
             try:
@@ -429,7 +418,8 @@ def _check_resumed_split(output_dir: Path, resume: Resume, datamodule: Any, sour
     recorded = output_dir / "partition.json" if own else (source / "partition.json" if source else None)
     if recorded is None or not recorded.is_file():
         return
-    saved, now = json.loads(recorded.read_text()), datamodule.partition_record()
+    fix = "start the run again in a new folder (hydra.run.dir=...)" if own else "drop ckpt_path"
+    saved, now = read_partition_record(recorded, fix=fix), datamodule.partition_record()
     changed = [key for key in ("num_dataset_samples", "validation", "clients") if saved.get(key) != now.get(key)]
     if not changed:
         return
@@ -461,10 +451,13 @@ def _cut_back(output_dir: Path, resume: Resume, source: Path | None, loggers: li
     cut_back(output_dir, resume.round, metrics_files, source=source)
 
 
-def attach_compressor(callback: Any, module: Any, group: str) -> None:
+def attach_compressor(
+    callback: Any, module: Any, group: str, *, choices: Mapping[str, str | None] | None = None
+) -> None:
     """Attach a ``compressor=``/``downlink=`` callback's operator to the module's channel, or refuse.
 
-    The refusal names the compressor configs of ``group`` that accept the method's payload.
+    The refusal names the method and compressor by their config choices when ``choices`` has them,
+    and the compressor configs of ``group`` that fit (as :func:`fedlightning.preflight.preflight` does).
     """
     attach = getattr(callback, "attach", None)
     if attach is None:
@@ -472,15 +465,14 @@ def attach_compressor(callback: Any, module: Any, group: str) -> None:
     try:
         attach(module)
     except IncompatiblePayloadError as exc:
-        fitting = compatible_compressors(group, callback.channel(module).compressed_payload)
-        raise ConfigError(exc.sentence(fitting=fitting)) from None
+        raise ConfigError(refusal_sentence(exc, type(module), group, choices=choices)) from None
 
 
 def compatible_compressors(group: str, payload: Any) -> list[str]:
     """Names of the configs under ``configs/<group>/`` whose operator accepts ``payload``."""
     from hydra.utils import get_class
 
-    from fedlightning.cli import config_dir
+    from fedlightning.paths import config_dir
 
     names = []
     for path in sorted((Path(config_dir()) / group).glob("*.yaml")):

@@ -163,8 +163,8 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 def validate_config(cfg: DictConfig) -> None:
     """Check a composed ``train.yaml`` config; raise :class:`ConfigError` at its first problem.
 
-    Order: required keys, top-level keys against :class:`TrainSchema`, the model preset name,
-    then each group node against its target's signature.
+    Order: required keys, top-level keys against :class:`TrainSchema`, the model node against its
+    builder, then each group node against its target's signature.
     """
     validate_top_level(cfg)
     _check_model(cfg.get("model"))
@@ -262,16 +262,11 @@ def _check_top_level(cfg: DictConfig) -> None:
 
 
 def _check_model(node: Any) -> None:
-    if not isinstance(node, DictConfig) or "name" not in node:
-        return
-    from fedlightning.models.presets import PRESETS
-
-    name = node.get("name")
-    if name not in PRESETS:
-        raise ConfigError(
-            f"model={name} is not a model preset{_did_you_mean(str(name), PRESETS)}; "
-            f"choose one of {', '.join(PRESETS)}."
-        )
+    """The model node against its builder (``inputs`` comes from the data, not the config)."""
+    if isinstance(node, DictConfig) and "_target_" in node:
+        if "inputs" in node:
+            raise ConfigError("model.inputs comes from the data; remove it from the model config.")
+        check_target_node(node, "model")
 
 
 def _locate(path: str, where: str) -> Any:
@@ -359,7 +354,7 @@ def target_keys(node: Mapping[Any, Any]) -> list[str]:
         params, _, _ = _parameters(_locate(target_path, "node"))
     except Exception:  # a target that does not import: its node's own keys are all we know
         return []
-    return [name for name in params if name not in ("model", "datamodule", "params")]
+    return [name for name in params if name not in ("model", "datamodule", "params", "inputs")]
 
 
 def check_target_node(node: DictConfig, where: str) -> None:
@@ -377,7 +372,7 @@ def check_target_node(node: DictConfig, where: str) -> None:
         raise ConfigError(f"{where}._target_ must be a dotted class path (got {target_path!r}).")
     target = _locate(target_path, where)
     params, hints, accepts_any = _parameters(target)
-    valid = [name for name in params if name not in ("model", "datamodule", "params")]
+    valid = [name for name in params if name not in ("model", "datamodule", "params", "inputs")]
     for key in node:
         key = str(key)
         if key in HYDRA_KEYS:
@@ -417,6 +412,8 @@ def _check_range(key: str, value: Any, path: str) -> None:
         raise ConfigError(f"{path}={value} does not exist; point it at a saved file (e.g. partition.json) or unset it.")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return
+    if value != value:  # NaN: no setting means "not a number"
+        raise ConfigError(f"{path} must be a number (got nan); set a number, or null where the key takes null.")
     if key in POSITIVE_KEYS and not value > 0:
         raise ConfigError(f"{path} must be positive (got {value}); set e.g. {path}=0.01.")
     if key in AT_LEAST_ONE_KEYS and value < 1:

@@ -151,7 +151,7 @@ SCHEMA_CASES = {
     "unknown downlink key": (["downlink=qsgd", "+downlink.compressor.levels=4"], ["downlink.compressor has no key"]),
     "unknown trainer key": (["+trainer.max_epoch=3"], ["trainer has no key max_epoch", "did you mean max_epochs?"]),
     "unknown logger key": (["logger=csv", "+logger.csv.nme=x"], ["logger.csv has no key nme", "did you mean name?"]),
-    "unknown model preset": (["model.name=mlpp"], ["model=mlpp is not a model preset", "did you mean mlp?"]),
+    "unknown model key": (["model=mlp", "+model.hiden=[8]"], ["model has no key hiden", "did you mean hidden?"]),
     "target that does not import": (["method._target_=fedlightning.methods.NoSuch"], ["method._target_", "spelling"]),
 }
 
@@ -186,14 +186,14 @@ RUN_CASES = {
     "downlink operator on an own broadcast (Algorithm 1)": (
         ["method=fediht", "downlink=natural"],
         [
-            "FedIHT's downlink payload (hard-thresholded model) is not one the downlink compressor natural",
+            "FedIHT broadcasts a hard-thresholded model, which the downlink compressor natural does not compress",
             "downlink=none",
         ],
     ),
     "downlink operator on an own broadcast (replica)": (
         ["method=fediht", "downlink=natural", "downlink.scheme=replica"],
         [
-            "FedIHT's downlink payload (hard-thresholded model) is not one the downlink compressor natural",
+            "FedIHT broadcasts a hard-thresholded model, which the downlink compressor natural does not compress",
             "downlink=none",
         ],
     ),

@@ -67,7 +67,20 @@ def test_result_text_prints_a_zero_score_as_zero_and_a_missing_one_as_nan() -> N
         "time/wall_s": 31.24,
     }
     assert result_text({**summary, "test/acc": 0.0}, score_name="acc") == (
-        "test/acc 0.0000 | uplink 56461204800 bits (1x vs float32) | downlink 56461204800 bits | 31.2 s"
+        "test/acc 0.0000 | uplink 56,461,204,800 bits (1× vs float32) | downlink 56,461,204,800 bits | 31.2 s"
     )
     assert result_text({**summary, "test/r2": -0.25}, score_name="r2").startswith("test/r2 -0.2500 | ")
     assert result_text(summary, score_name="acc").startswith("test/acc nan | ")
+
+
+def test_result_text_prints_a_large_ratio_and_bit_counts_with_thousands_separators() -> None:
+    summary = {
+        "test/acc": 0.5,
+        "comm/uplink_bits_total": 76_960_000,
+        "comm/uplink_compression": 1020.4,
+        "comm/downlink_bits_total": 2_462_720_000,
+        "time/wall_s": 5.0,
+    }
+    text = result_text(summary, score_name="acc")
+    assert "uplink 76,960,000 bits (1,020× vs float32)" in text and "downlink 2,462,720,000 bits" in text
+    assert "e+" not in text

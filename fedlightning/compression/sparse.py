@@ -62,11 +62,16 @@ class Sparsifier(Compressor):
 
     def __init__(self, *, k: int | None = None, fraction: float | None = None, values: str = "float32") -> None:
         if (k is None) == (fraction is None):
-            raise ValueError("Give exactly one of k (kept coordinates) or fraction (density).")
+            raise ValueError(
+                f"Give exactly one of k (kept coordinates) or fraction (their share), the other null (got k={k}, "
+                f"fraction={fraction}); set e.g. fraction=0.01 with k=null."
+            )
         if k is not None and k < 1:
-            raise ValueError(f"k must be at least 1 (got {k}).")
-        if fraction is not None and not 0 < fraction <= 1:
-            raise ValueError(f"fraction must lie in (0, 1] (got {fraction}).")
+            raise ValueError(f"k must be at least 1 (got {k}); set e.g. k=100.")
+        if fraction is not None and not 0 < fraction <= 1:  # nan included
+            raise ValueError(
+                f"fraction must lie in (0, 1] (got {fraction}); set e.g. fraction=0.01 (1% of the coordinates)."
+            )
         self.k_fixed = k
         self.fraction = fraction
         self.values_name = values

@@ -36,7 +36,7 @@ Parameters read from the operator's metadata when ``"auto"`` (thesis arXiv 2207.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -69,6 +69,9 @@ class DIANA(GradientMethod):
     """
 
     supported_aggregation = ("normalised",)
+    uplink_needs_unbiased: ClassVar[bool] = True
+    """The step rule reads the uplink operator's ω, and the shifts h_i replace error feedback: the
+    pre-flight (:mod:`fedlightning.preflight`) refuses a biased ``compressor=`` or one with error feedback."""
 
     def __init__(self, *, variant: str = "full", alpha: float | str = "auto", l1: float = 0.0, **kwargs: Any) -> None:
         if variant not in _VARIANTS:

@@ -1,0 +1,189 @@
+"""Config-decidable refusals: before any data, once, in config names, and no run folder.
+
+Each case of :data:`CATALOGUE` is a config whose problem shows without data. The command's entry
+point (:func:`fedlightning.cli.main`, what the ``fedlightning`` script calls) must exit with
+status 1 before Hydra's job starts (so before the run folder is made and any data is read),
+printing one line, ``fedlightning: error: <sentence>``, whose sentence names the config keys
+and the fix. The catalogue runs in this process (one import of torch for all of it); a few
+cases run the real command end to end.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedlightning import cli
+from fedlightning.errors import ConfigError
+from fedlightning.run import run
+
+from .conftest import QUIET, REPO_ROOT, compose_config
+
+# (overrides, fragments the sentence must hold: the keys in config names, then the fix)
+CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
+    "misspelt top-level key": (["rouns=3"], ["rouns is not a key of the config", "did you mean rounds?"]),
+    "misspelt group": (["method=fedavgg"], ["method=fedavgg is not a config", "did you mean method=fedavg?"]),
+    "misspelt group key": (["method.lcoal_epochs=2"], ["method.lcoal_epochs", "did you mean method.local_epochs?"]),
+    "unknown top-level key with +": (["+roundz=3"], ["roundz is not a top-level key", "did you mean rounds?"]),
+    "unknown constructor key with +": (["+partition.alfa=1"], ["partition has no key alfa", "did you mean alpha?"]),
+    "rounds zero": (["rounds=0"], ["rounds", "must be at least 1 (got 0)", "rounds=50"]),
+    "local_epochs zero": (["method.local_epochs=0"], ["method.local_epochs must be at least 1"]),
+    "zampling with top-k": (
+        ["method=zampling", "compressor=top_k"],
+        [
+            "method=zampling uploads a Bernoulli mask, which compressor=top_k does not compress",
+            "use compressor=none",
+        ],
+    ),
+    "diana with a biased compressor": (
+        ["method=diana", "compressor=top_k"],
+        [
+            "method=diana needs an unbiased uplink compressor and compressor=top_k is biased",
+            "set compressor= to one of",
+            " natural, ",
+        ],
+    ),
+    "diana with error feedback": (
+        ["method=diana", "compressor=rand_k", "compressor.error_feedback=true"],
+        ["method=diana's shifts replace error feedback", "set compressor.error_feedback=false"],
+    ),
+    "fed-iht broadcast with a downlink operator": (
+        ["method=fediht", "downlink=natural"],
+        [
+            "method=fediht broadcasts a hard-thresholded model, which downlink=natural does not compress",
+            "downlink=none",
+        ],
+    ),
+    "fjord's per-client broadcast with a downlink operator": (
+        ["method=fjord", "downlink=qsgd"],
+        ["method=fjord sends each client its own message", "use downlink=none"],
+    ),
+    "algorithm 1 with a biased master compressor": (
+        ["downlink=top_k", "downlink.scheme=aggregate"],
+        ["downlink.scheme=aggregate", "downlink=top_k is biased", "downlink.scheme=replica"],
+    ),
+    "top-k fraction zero": (
+        ["compressor=top_k", "compressor.compressor.fraction=0"],
+        ["compressor.compressor.fraction must lie in (0, 1] (got 0)", "compressor.compressor.fraction=0.01"],
+    ),
+    "top-k fraction above one": (
+        ["compressor=top_k", "compressor.compressor.fraction=1.5"],
+        ["compressor.compressor.fraction must lie in (0, 1] (got 1.5)", "compressor.compressor.fraction=0.01"],
+    ),
+    "top-k fraction nan": (
+        ["compressor=top_k", "compressor.compressor.fraction=nan"],
+        ["compressor.compressor.fraction must be a number (got nan)"],
+    ),
+    "top-k k zero": (
+        ["compressor=top_k", "compressor.compressor.fraction=null", "+compressor.compressor.k=0"],
+        ["compressor.compressor.k must be at least 1 (got 0)", "compressor.compressor.k=100"],
+    ),
+    "top-k with neither k nor fraction": (
+        ["compressor=top_k", "compressor.compressor.fraction=null"],
+        ["Give exactly one of compressor.compressor.k", "or compressor.compressor.fraction"],
+    ),
+    "unknown accelerator": (
+        ["trainer.accelerator=gpuu"],
+        ["trainer.accelerator=gpuu is not an accelerator Lightning knows", "did you mean trainer.accelerator=gpu?"],
+    ),
+    "no devices": (["trainer.devices=0"], ["trainer.devices=0 asks for no device", "trainer.devices=1"]),
+    "negative devices on the CPU": (["trainer.devices=-3"], ["trainer.devices=-3 is not a process count"]),
+    "no nodes": (["trainer.num_nodes=0"], ["trainer.num_nodes must be a machine count of at least 1 (got 0)"]),
+    "an override nothing reads": (["clients_per_round=4"], ["clients_per_round=4 would change nothing"]),
+}
+if not torch.cuda.is_available():
+    CATALOGUE["a GPU this machine lacks"] = (
+        ["trainer.accelerator=gpu"],
+        ["trainer.accelerator=gpu needs a CUDA GPU", "trainer.accelerator=cpu"],
+    )
+
+#: Seconds a refusal may take in this process (imports done): generous for a loaded machine.
+IN_PROCESS_LIMIT_S = 3.0
+
+
+def test_the_catalogue_holds_at_least_15_refusals() -> None:
+    assert len(CATALOGUE) >= 15
+
+
+@pytest.mark.parametrize(("overrides", "fragments"), CATALOGUE.values(), ids=CATALOGUE)
+def test_refused_before_the_job_starts_once_in_config_names_without_a_folder(
+    overrides: list[str],
+    fragments: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    started: list[bool] = []
+    monkeypatch.setattr(cli, "job", lambda: started.append(True))  # the job makes the folder and reads data
+    monkeypatch.delenv(cli.FULL_ERROR, raising=False)
+    folder = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["fedlightning", *QUIET, *overrides, f"hydra.run.dir={folder}"])
+    begin = time.perf_counter()
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    elapsed = time.perf_counter() - begin
+    captured = capsys.readouterr()
+    assert info.value.code == 1
+    assert not started, "the refusal came only once the job had started"
+    assert not folder.exists()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedlightning: error: "), captured.err
+    sentence = lines[0].removeprefix("fedlightning: error: ")
+    assert sentence.endswith((".", "?")), sentence
+    for fragment in fragments:
+        assert fragment in sentence, (fragment, sentence)
+    assert captured.out == ""
+    assert elapsed < IN_PROCESS_LIMIT_S, f"{elapsed:.1f} s"
+
+
+@pytest.mark.parametrize(
+    "overrides", [["trainer.devices=0"], ["compressor=top_k", "compressor.compressor.fraction=0"]], ids=str
+)
+def test_run_refuses_before_making_its_folder(overrides: list[str], tmp_path: Path) -> None:
+    folder = tmp_path / "new"
+    with pytest.raises(ConfigError):
+        run(compose_config(overrides), folder, overrides=overrides)
+    assert not folder.exists()
+
+
+def test_without_choices_the_refusal_names_the_method_class_and_the_operator(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^Zampling uploads a Bernoulli mask, which the uplink compressor top_k\("):
+        run(compose_config(["method=zampling", "compressor=top_k"]), tmp_path / "run")
+
+
+def test_a_plain_config_passes_the_preflight(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cli.FULL_ERROR, raising=False)
+    cli.preflight_command([*QUIET, "method=diana", "compressor=natural", "downlink=natural"])
+
+
+# --- the real command, end to end ----------------------------------------------------------------
+
+END_TO_END = {
+    "zampling with top-k": ["method=zampling", "compressor=top_k"],
+    "no devices": ["trainer.devices=0"],
+    "top-k fraction above one": ["compressor=top_k", "compressor.compressor.fraction=1.5"],
+}
+#: Data that cannot be read: a refusal that came after reading data would tell of data.root instead.
+UNREADABLE_DATA = ["data=mnist", "model=mnistfc", "data.root=/nonexistent/fedlightning-data"]
+
+
+@pytest.mark.parametrize("case", END_TO_END)
+def test_the_command_exits_1_printing_the_sentence_once_and_leaves_no_outputs_folder(case: str, tmp_path: Path) -> None:
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO_ROOT)}
+    env.pop(cli.FULL_ERROR, None)
+    cmd = [sys.executable, "-m", "fedlightning.cli", *UNREADABLE_DATA, *END_TO_END[case]]
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-2000:]  # no ERROR log line, no warning, no traceback
+    sentence = lines[0].removeprefix("fedlightning: error: ")
+    for fragment in CATALOGUE[case][1]:
+        assert fragment in sentence, (fragment, sentence)
+    assert result.stdout == ""
+    assert not (tmp_path / "outputs").exists()  # Hydra's default run folder, outputs/<date>/<time>
