@@ -9,7 +9,9 @@
    device's name and memory.
 3. ``benchmarks``: :func:`run_benchmarks` (skipped, with its reason, without CUDA): FedAvg on
    MNIST ``mnistfc`` per round on CUDA and on the CPU, and Federated Zampling at the S1 shape
-   (m/n = 32, d = 10) per round on the ``loop`` and ``vectorised`` backends of the same GPU.
+   (m/n = 32, d = 10) per round on the ``loop`` and ``vectorised`` backends of the same GPU, and
+   :mod:`cohort_scaling` (S1, S2, 1,000 clients a round and CIFAR-10-shaped ``resnet18_gn``,
+   fedlightning against a plain loop, sequential and ``vmap``).
 
 The JSON is written even when a part fails. The exit status is 1 when a test failed or errored
 (or pytest could not run), else 0, so a machine without CUDA exits 0. Needs no ``fedlightning``
@@ -197,7 +199,24 @@ def run_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
             "same_uplink_bits": gpu["comm/uplink_bits_total"] == cpu["comm/uplink_bits_total"],
         },
         "zampling_s1_loop_vs_vectorised": zampling_backends(args, root),
+        "cohort_scaling": cohort_scaling(args, root),
     }
+
+
+def cohort_scaling(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """S1, S2, 1,000 clients a round and ``resnet18_gn`` on CUDA against a plain loop (``cohort_scaling.py``).
+
+    Run in its own process; its JSON (every arm's seconds per round and their medians) is returned,
+    with its Markdown table.
+    """
+    out, table = args.runs_dir / "cohort_scaling.json", args.runs_dir / "cohort_scaling.md"
+    script = Path(__file__).with_name("cohort_scaling.py")
+    command = [sys.executable, str(script), "--device", "cuda", "--rounds", str(max(args.rounds, 3)), "--repeats", "2"]
+    command += ["--data-root", str(root), "--json", str(out), "--markdown", str(table)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not out.is_file():
+        return {"error": f"exit {done.returncode}: {done.stderr[-2000:]}"}
+    return {**json.loads(out.read_text()), "table": table.read_text()}
 
 
 def zampling_backends(args: argparse.Namespace, root: Path) -> dict[str, Any]:

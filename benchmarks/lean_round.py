@@ -12,6 +12,8 @@ batches: no flat upload, float32 sums in place); ``peer_fused`` (the same, each 
 :func:`fedlightning.federated.local.fused.fused_sgd_step_`); ``plain``; ``engine`` (``FedAvg``
 under a bare ``Trainer``: no logger, checkpoints or accountant; its steps fused, as
 ``local_execution=fused`` does); ``engine_autograd`` (the same with ``local_execution=loop``);
+``engine_vectorised`` (the same with ``local_execution=vectorised``: the share at once, sent and
+folded in bulk);
 ``cli`` (the config the
 ``fedlightning`` command composes for S2, run through :func:`fedlightning.run.run` with its
 loggers and callbacks). ``cli:A;B`` is the ``cli`` arm with the overrides A and B added, to
@@ -51,7 +53,7 @@ from fedlightning.models import build_model
 from fedlightning.sampling import UniformSampler
 
 CLIENTS, COHORT, BATCH, LR = 1000, 100, 10, 0.05
-NAMES = "peer, peer_fused, plain, engine, engine_autograd, cli, cli:A;B"
+NAMES = "peer, peer_fused, plain, engine, engine_autograd, engine_vectorised, cli, cli:A;B"
 
 
 def datamodule(root: str) -> MNISTDataModule:
@@ -179,14 +181,14 @@ class _Timer(L.Callback):
 
 
 def engine_times(
-    dm: MNISTDataModule, rounds: int, profile: str | None = None, fused: bool = True
+    dm: MNISTDataModule, rounds: int, profile: str | None = None, local_execution: str = "fused"
 ) -> list[tuple[float, float]]:
     module = FedAvg(
         model=mlp(),
         datamodule=dm,
         batch_size=BATCH,
         client_optimizer=functools.partial(torch.optim.SGD, lr=LR),
-        local_execution="fused" if fused else "loop",
+        local_execution=local_execution,
     )
     timer = _Timer()
     trainer = L.Trainer(
@@ -269,7 +271,8 @@ def main() -> None:
         "peer": functools.partial(peer_times, dm, args.rounds),
         "peer_fused": functools.partial(peer_times, dm, args.rounds, fused=True),
         "engine": functools.partial(engine_times, dm, args.rounds),
-        "engine_autograd": functools.partial(engine_times, dm, args.rounds, fused=False),
+        "engine_autograd": functools.partial(engine_times, dm, args.rounds, local_execution="loop"),
+        "engine_vectorised": functools.partial(engine_times, dm, args.rounds, local_execution="vectorised"),
     }
     for arm in chosen:
         if arm == "cli" or arm.startswith("cli:"):

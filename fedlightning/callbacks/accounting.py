@@ -21,7 +21,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from fedlightning.federated.hooks import Direction, FederatedCallback
-from fedlightning.federated.message import Message
+from fedlightning.federated.message import Message, SentShare
 from fedlightning.federated.module import FederatedModule
 
 UP, DOWN = 0, 1
@@ -119,6 +119,40 @@ class CommunicationAccountant(FederatedCallback):
         if self.records_path is not None:
             self._rows.append(self._row(module, round_idx, client_id, direction, message, "control"))
 
+    @override
+    def on_share_downlink(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, sent: SentShare) -> None:
+        self._count_share(module, round_idx, sent, DOWN, "payload")
+
+    @override
+    def on_share_upload(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, sent: SentShare) -> None:
+        self._count_share(module, round_idx, sent, UP, "payload")
+
+    @override
+    def on_share_control(
+        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, direction: Direction, sent: SentShare
+    ) -> None:
+        self._count_share(module, round_idx, sent, UP if direction == "up" else DOWN, "control")
+
+    def _count_share(self, module: FederatedModule, round_idx: int, sent: SentShare, side: int, kind: str) -> None:
+        """A share's messages, counted and recorded as the per-client hooks would, without building them."""
+        bits = sum(sent.num_bits)
+        counts = self._round
+        counts[_UP_BITS if side == UP else _DOWN_BITS] += bits
+        if kind == "control":
+            counts[_UP_CONTROL if side == UP else _DOWN_CONTROL] += bits
+        else:
+            counts[_UP_MSGS if side == UP else _DOWN_MSGS] += len(sent)
+        per_client = self._round_per_client
+        for client_id, n in zip(sent.client_ids, sent.num_bits, strict=True):
+            per_client[client_id, side] += n
+        if self.records_path is not None:
+            direction = "up" if side == UP else "down"
+            probability = module.inclusion_probability
+            self._rows.extend(
+                (round_idx + 1, client_id, direction, n, codec, kind, probability(client_id))
+                for client_id, n, codec in zip(sent.client_ids, sent.num_bits, sent.codec_names, strict=True)
+            )
+
     @staticmethod
     def _row(
         module: FederatedModule, round_idx: int, client_id: int, direction: str, message: Message, kind: str
@@ -147,7 +181,8 @@ class CommunicationAccountant(FederatedCallback):
         if self.records_path is not None and module.world_size > 1:
             parts: list[Any] = [None] * module.world_size
             dist.all_gather_object(parts, self._rows)
-            self._rows = sorted(row for part in parts for row in part)
+            self._rows = [row for part in parts for row in part]
+        self._rows.sort()  # the same file whatever the process count or the order clients were sent in
         if trainer.is_global_zero:
             self._write_rows()
         self._rows.clear()

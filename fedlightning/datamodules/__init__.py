@@ -21,7 +21,6 @@ from fedlightning.datamodules.partition import (
     iid_partition,
     natural_partition,
     partition_summary,
-    plot_label_distribution,
     quantity_skew_partition,
     shard_partition,
 )
@@ -49,7 +48,6 @@ __all__ = [
     "iid_partition",
     "natural_partition",
     "partition_summary",
-    "plot_label_distribution",
     "quantity_skew_partition",
     "shard_partition",
 ]

@@ -38,10 +38,10 @@ from fedlightning.datamodules.partition import (
     NaturalPartition,
     grouped_holdout,
     partition_summary,
-    plot_label_distribution,
 )
 from fedlightning.datamodules.tensor_loader import tensor_loader
 from fedlightning.errors import FedLightningError
+from fedlightning.folder_lock import write_text_atomic
 
 __all__ = ["DataUnavailableError", "FederatedDataModule", "default_data_root", "subset_indices"]
 
@@ -355,6 +355,19 @@ class FederatedDataModule(L.LightningDataModule):
             raise IndexError(f"client id {cid} is out of range [0, {self.num_clients}).")
         return self._parts[cid]
 
+    def train_tensors(self) -> tuple[Tensor, Tensor]:
+        """Features and labels of every client's samples (stored client by client where :meth:`client_span` says)."""
+        return self._train_tensors()
+
+    def client_span(self, cid: int) -> tuple[int, int] | None:
+        """Where client ``cid``'s samples lie in :meth:`train_tensors` (``None``: not one contiguous slice)."""
+        self._ensure_setup()
+        if not self._clients_are_slices:
+            return None
+        if not 0 <= cid < self.num_clients:
+            raise IndexError(f"client id {cid} is out of range [0, {self.num_clients}).")
+        return int(self._parts.offsets[cid]), int(self._parts.offsets[cid + 1])
+
     def client_tensors(self, cid: int) -> tuple[Tensor, Tensor]:
         """Features and labels of client ``cid`` as contiguous tensors.
 
@@ -486,7 +499,7 @@ class FederatedDataModule(L.LightningDataModule):
         """
         path = Path(path)
         if path.suffix == ".json":
-            path.write_text(json.dumps(self.partition_record()))
+            write_text_atomic(path, json.dumps(self.partition_record()))
         else:
             mapped = self._client_dataset_indices()  # (sets the data module up first)
             meta = self._partition_meta()
@@ -514,10 +527,11 @@ class FederatedDataModule(L.LightningDataModule):
         mapped = self.train_dataset_index[parts.indices]
         return mapped[np.lexsort((mapped, owner))]  # one vectorised sort
 
-    def plot_label_distribution(self, path: str | os.PathLike[str]) -> Path | None:
-        """Save the per-client label histogram (:func:`~.partition.plot_label_distribution`).
+    def labelled_split(self) -> tuple[np.ndarray, list[np.ndarray], str] | None:
+        """The training labels, each client's indices into them and a title naming the split, for a figure.
 
-        Returns ``path``, or ``None`` for a regression data set (no labels to count).
+        ``None`` for a regression data set (no labels to count); drawn by
+        :func:`fedlightning.plotting.plot_client_labels`.
         """
         self._ensure_setup()
         if self.task != "classification":
@@ -527,7 +541,7 @@ class FederatedDataModule(L.LightningDataModule):
             name = f"{name} from {Path(self.partition_file).name}"
         labels = self._train_tensors()[1].numpy()
         title = f"{self.name}, {name}: {self.num_clients} clients, {len(labels):,} training samples"
-        return plot_label_distribution(labels, self._parts, path, title=title)
+        return labels, list(self._parts), title
 
     @property
     def partition_name(self) -> str:
@@ -555,20 +569,13 @@ class FederatedDataModule(L.LightningDataModule):
         """Read a saved partition: its meta, ``version``, ``clients`` and (version 2) ``validation``."""
         if not path.is_file():
             raise FileNotFoundError(f"data.partition_file={path} does not exist; unset it or point it at a saved file.")
-        if path.suffix == ".json":
-            raw = json.loads(path.read_text())
-            if not isinstance(raw, dict) or "clients" not in raw:
-                raise ValueError(f"data.partition_file={path} is not a partition file (no 'clients' list).")
-            raw["clients"] = [np.asarray(c, dtype=np.int64) for c in raw["clients"]]
-            if "validation" in raw:
-                raw["validation"] = np.asarray(raw["validation"], dtype=np.int64)
-        else:
-            with np.load(path) as z:
-                raw = json.loads(str(z["meta"]))
-                raw["clients"] = np.split(z["indices"].astype(np.int64), z["offsets"][1:-1])
-                if "validation" in z.files:
-                    raw["validation"] = z["validation"].astype(np.int64)
-        raw["version"] = version = int(raw.get("version", 1))  # version 1 files carry no version
+        raw = load_partition_file(path)
+        version = raw.setdefault("version", 1)  # version 1 files carry no version
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(
+                f"data.partition_file={path} has version {version!r}, not a format version (1 to "
+                f"{PARTITION_FORMAT_VERSION}); re-save the partition."
+            )
         if version > PARTITION_FORMAT_VERSION:
             raise ValueError(
                 f"data.partition_file={path} has format version {version}, newer than the versions 1 to "
@@ -733,6 +740,91 @@ class FederatedDataModule(L.LightningDataModule):
             # The full table at INFO for small federations, at DEBUG otherwise (it can be long).
             level = logging.INFO if self.num_clients <= 20 else logging.DEBUG
             log.log(level, "%s partition:\n%s", self.name, "\n".join(lines))
+
+
+_RESAVE = "point it at a partition.json (or .npz) written by a run, or re-save the partition"
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def load_partition_file(path: Path) -> dict[str, Any]:
+    """A saved partition's meta with ``clients`` (and ``validation``) as int64 index arrays.
+
+    ``.json`` as :meth:`FederatedDataModule.save_partition` writes it, else ``.npz`` (read without
+    pickles). Anything else (not JSON or ``.npz``, a torch ``.pt``, an index that is not a
+    non-negative integer below 2^63) is refused with one sentence naming the file.
+    """
+    where = f"data.partition_file={path}"
+    if path.suffix == ".json":
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(f"{where} is not UTF-8 JSON text; {_RESAVE}.") from None
+        except ValueError as exc:
+            raise ValueError(f"{where} is not valid JSON ({exc}); {_RESAVE}.") from None
+        except OSError as exc:
+            raise ValueError(f"{where} cannot be read ({exc.strerror or type(exc).__name__}); {_RESAVE}.") from None
+        if not isinstance(raw, dict) or not isinstance(raw.get("clients"), list):
+            raise ValueError(f"{where} is not a partition file (no 'clients' list); {_RESAVE}.")
+        raw["clients"] = [_index_array(c, where, f"client {k}") for k, c in enumerate(raw["clients"])]
+        if "validation" in raw:
+            raw["validation"] = _index_array(raw["validation"], where, "validation")
+        return raw
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except Exception as exc:  # numpy raises many types for a file that is not an array archive
+        raise ValueError(
+            f"{where} is neither a .json partition nor a .npz archive numpy can read ({type(exc).__name__}: "
+            f"{str(exc)[:80]}); {_RESAVE}."
+        ) from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError(f"{where} is a single .npy array, not a partition archive (.npz); {_RESAVE}.")
+    with loaded as z:
+        missing = [key for key in ("meta", "indices", "offsets") if key not in z.files]
+        if missing:
+            raise ValueError(
+                f"{where} has no '{missing[0]}' array (a torch .pt or another archive, not a saved partition); "
+                f"{_RESAVE}."
+            )
+        try:
+            raw = json.loads(str(z["meta"]))
+            indices = _index_array(z["indices"], where, "indices")
+            offsets = _index_array(z["offsets"], where, "offsets")
+            validation = _index_array(z["validation"], where, "validation") if "validation" in z.files else None
+        except ValueError as exc:
+            text = str(exc)
+            sentence = text if text.startswith(where) else f"{where} holds damaged arrays ({text}); {_RESAVE}."
+            raise ValueError(sentence) from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} has meta that is not a JSON object; {_RESAVE}.")
+    ok = offsets.size >= 1 and offsets[0] == 0 and offsets[-1] == indices.size and (np.diff(offsets) >= 0).all()
+    if not ok:
+        raise ValueError(
+            f"{where} has offsets that do not cut its {indices.size} indices into clients (from 0, "
+            f"non-decreasing, to {indices.size}); {_RESAVE}."
+        )
+    raw["clients"] = np.split(indices, offsets[1:-1])
+    if validation is not None:
+        raw["validation"] = validation
+    return raw
+
+
+def _index_array(value: Any, where: str, what: str) -> np.ndarray:
+    """``value`` as an int64 array of sample indices; anything but integers in [0, 2^63) is one sentence."""
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or value.dtype.kind not in "iu":
+            raise ValueError(f"{where} holds {what} as a {value.ndim}-d {value.dtype} array, not sample indices.")
+        values: list[int] = [int(value.min()), int(value.max())] if value.size else []
+    else:
+        items = value if isinstance(value, list) else [value]
+        bad = [v for v in items if not isinstance(v, int) or isinstance(v, bool)]
+        if bad or not isinstance(value, list):
+            shown = bad[0] if bad else value
+            raise ValueError(f"{where} lists {shown!r} in {what}, which is not a sample index (an integer); {_RESAVE}.")
+        values = items
+    if values and (min(values) < 0 or max(values) > INT64_MAX):
+        bad_index = min(values) if min(values) < 0 else max(values)
+        raise ValueError(f"{where} holds index {bad_index} in {what}, outside [0, 2^63); {_RESAVE}.")
+    return np.asarray(value, dtype=np.int64)
 
 
 def _check_partition_choice(partition: Partitioner | None, partition_file: str | None) -> None:

@@ -24,13 +24,21 @@ p_i and client shares w_i (n_i/n, or 1/N for uniform weighting) over the whole f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["Aggregator", "Estimator", "WeightedMean", "accumulate_upload", "fold_", "participation_weights"]
+__all__ = [
+    "Aggregator",
+    "Estimator",
+    "WeightedMean",
+    "accumulate_upload",
+    "fold_",
+    "participation_weights",
+    "upload_coefficient",
+]
 
 Estimator = Literal["normalised", "unbiased"]
 Reduce = Callable[[Tensor], Tensor]
@@ -96,6 +104,20 @@ class Aggregator:
         """Fold one decoded upload in with coefficient ``weight``."""
         raise NotImplementedError
 
+    def accumulate_rows(
+        self, rows: Tensor | Sequence[Tensor], *, weights: Sequence[float], masses: Sequence[float | None]
+    ) -> None:
+        """Fold a share's decoded uploads in, in order: the same sums as :meth:`accumulate` of each in turn.
+
+        ``masses[k]`` is upload k's contribution to a normalising total weight (``None``: its weight);
+        aggregators without one ignore it.
+        """
+        for row, weight, mass in zip(rows, weights, masses, strict=True):
+            if mass is None:
+                self.accumulate(row, weight=weight)
+            else:
+                self.accumulate(row, weight=weight, mass=mass)  # type: ignore[call-arg]  # WeightedMean's
+
     def packed(self, alongside: Tensor | None = None) -> Tensor:
         """The whole state as one float64 tensor: the sums, the upload count, then ``alongside``."""
         count = torch.tensor([float(self.count)], dtype=torch.float64, device=self.sums.device)
@@ -151,6 +173,31 @@ class WeightedMean(Aggregator):
         self.sums[self.dim] += float(weight if mass is None else mass)
         self.count += 1
 
+    def accumulate_rows(
+        self, rows: Tensor | Sequence[Tensor], *, weights: Sequence[float], masses: Sequence[float | None]
+    ) -> None:
+        """Fold a share's decoded uploads in: bit for bit the sums of :meth:`accumulate` of each in turn.
+
+        Each entry of the sums receives its uploads in the share's order (float64 addition is not
+        associative, so the order is kept), and the total weight is summed in that order too.
+
+        >>> agg = WeightedMean(dim=2, normalise=True)
+        >>> agg.accumulate_rows(torch.tensor([[1.0, 2.0], [3.0, 6.0]]), weights=[1.0, 3.0], masses=[None, None])
+        >>> agg.result().tolist(), agg.count
+        ([2.5, 5.0], 2)
+        """
+        if len(rows) != len(weights) or len(rows) != len(masses):
+            raise ValueError("A share's uploads, weights and masses must be as many.")
+        total = float(self.sums[self.dim])
+        for row, weight, mass in zip(rows, weights, masses, strict=True):
+            flat = row.reshape(-1)
+            if flat.numel() != self.dim:
+                raise ValueError(f"An upload of {flat.numel()} entries reached an aggregator of dimension {self.dim}.")
+            fold_(self.sums[: self.dim], flat.to(self.sums.device), weight=float(weight))
+            total += float(weight if mass is None else mass)
+        self.sums[self.dim] = total
+        self.count += len(rows)
+
     def add_mass(self, mass: float) -> None:
         """Count a client in the total weight without an upload (it computed but was not chosen).
 
@@ -181,6 +228,25 @@ class WeightedMean(Aggregator):
         return total.to(dtype)
 
 
+def upload_coefficient(*, weight: float, q: float, chosen: bool, estimator: Estimator) -> tuple[float, float | None]:
+    """An upload's coefficient in the sums and its mass in the total weight (``None``: the coefficient).
+
+    See :func:`accumulate_upload` for the arguments.
+
+    >>> upload_coefficient(weight=0.5, q=0.5, chosen=False, estimator="normalised")
+    (1.0, None)
+    >>> upload_coefficient(weight=0.5, q=0.25, chosen=True, estimator="normalised")
+    (2.0, 0.0)
+    """
+    if not chosen and q == 1.0:
+        return weight, None
+    if not chosen:  # a known arrival probability: cancels in the normalised mean
+        return (weight if estimator == "unbiased" else weight / q), None
+    if estimator == "normalised":  # w_i/q_i; the cohort's weight was counted at the choice
+        return weight / q, 0.0
+    return weight, None  # w_i/(p_i q_i): upload_weight divided by the product; no normaliser
+
+
 def accumulate_upload(
     aggregator: Aggregator, decoded: Tensor, *, weight: float, q: float, chosen: bool, estimator: Estimator
 ) -> None:
@@ -196,13 +262,9 @@ def accumulate_upload(
     >>> agg.weighted_sum().tolist(), agg.total_weight
     ([4.0], 1.0)
     """
-    if not chosen and q == 1.0:
-        aggregator.accumulate(decoded, weight=weight)
-    elif not chosen:  # a known arrival probability: cancels in the normalised mean
-        aggregator.accumulate(decoded, weight=weight if estimator == "unbiased" else weight / q)
+    coefficient, mass = upload_coefficient(weight=weight, q=q, chosen=chosen, estimator=estimator)
+    if mass is None:
+        aggregator.accumulate(decoded, weight=coefficient)
     else:
         assert isinstance(aggregator, WeightedMean)
-        if estimator == "normalised":  # w_i/q_i; the cohort's weight was counted at the choice
-            aggregator.accumulate(decoded, weight=weight / q, mass=0.0)
-        else:  # w_i/(p_i q_i): upload_weight divided by the product; no normaliser
-            aggregator.accumulate(decoded, weight=weight)
+        aggregator.accumulate(decoded, weight=coefficient, mass=mass)

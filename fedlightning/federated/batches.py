@@ -11,9 +11,77 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One client's mini-batches as two tensors: every index in order, and each batch's size.
+
+    >>> s = Schedule.of([torch.tensor([2, 0]), torch.tensor([1])])
+    >>> s.index.tolist(), s.sizes.tolist(), [b.tolist() for b in s.batches()]
+    ([2, 0, 1], [2, 1], [[2, 0], [1]])
+    """
+
+    index: Tensor
+    sizes: Tensor
+
+    @classmethod
+    def of(cls, batches: Iterable[Tensor]) -> Schedule:
+        """The schedule of a sequence of index batches."""
+        parts = list(batches)
+        if not parts:
+            return cls(index=torch.zeros(0, dtype=torch.long), sizes=torch.zeros(0, dtype=torch.long))
+        return cls(index=torch.cat(parts).long(), sizes=torch.tensor([len(b) for b in parts], dtype=torch.long))
+
+    @property
+    def steps(self) -> int:
+        """The number of batches."""
+        return len(self.sizes)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, step: int) -> Tensor:
+        """The indices of batch ``step``."""
+        start = int(self.sizes[:step].sum())
+        return self.index[start : start + int(self.sizes[step])]
+
+    def cut(self, steps: int) -> Schedule:
+        """The first ``steps`` batches."""
+        if steps >= self.steps:
+            return self
+        return Schedule(index=self.index[: int(self.sizes[:steps].sum())], sizes=self.sizes[:steps])
+
+    def batches(self) -> list[Tensor]:
+        """The index batches, as views of :attr:`index`."""
+        return list(self.index.split(self.sizes.tolist()))
+
+
+def batch_schedule(
+    *, num_samples: int, batch_size: int, epochs: int, steps: int | None, generator: torch.Generator
+) -> Schedule:
+    """The :class:`Schedule` of :func:`local_batches`, built from its permutations without a loop over batches.
+
+    >>> gen = torch.Generator().manual_seed(0)
+    >>> batch_schedule(num_samples=5, batch_size=2, epochs=1, steps=4, generator=gen).sizes.tolist()
+    [2, 2, 1, 2]
+    """
+    if num_samples <= 0 or (steps is not None and steps <= 0) or (steps is None and epochs <= 0):
+        return Schedule.of([])
+    per_pass = -(-num_samples // batch_size)
+    passes = epochs if steps is None else -(-steps // per_pass)
+    index = torch.cat([torch.randperm(num_samples, generator=generator) for _ in range(passes)])
+    pass_sizes = torch.full((per_pass,), batch_size, dtype=torch.long)
+    pass_sizes[-1] = num_samples - batch_size * (per_pass - 1)
+    sizes = pass_sizes.repeat(passes)
+    if steps is not None:
+        sizes = sizes[:steps]
+        index = index[: int(sizes.sum())]
+    return Schedule(index=index, sizes=sizes)
 
 
 def local_batches(
@@ -23,22 +91,13 @@ def local_batches(
 
     With ``steps=None``: ``epochs`` passes, each over a fresh permutation, the last batch of a
     pass possibly short. With ``steps=k``: exactly ``k`` batches, passing over fresh
-    permutations as often as needed (``epochs`` is then ignored).
+    permutations as often as needed (``epochs`` is then ignored). The batches of
+    :func:`batch_schedule` from the same stream.
     """
-    if num_samples <= 0:
-        return
-    emitted = 0
-    passes = 0
-    while True:
-        if steps is None and passes == epochs:
-            return
-        perm = torch.randperm(num_samples, generator=generator)
-        passes += 1
-        for start in range(0, num_samples, batch_size):
-            if steps is not None and emitted == steps:
-                return
-            yield perm[start : start + batch_size]
-            emitted += 1
+    schedule = batch_schedule(
+        num_samples=num_samples, batch_size=batch_size, epochs=epochs, steps=steps, generator=generator
+    )
+    yield from schedule.batches()
 
 
 def gathered_batches(

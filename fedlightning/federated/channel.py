@@ -13,7 +13,7 @@ Each :class:`FederatedModule` owns an uplink and a downlink :class:`Channel`. A 
 * the operator's ω, δ and unbiasedness (:meth:`Channel.metadata`), which step-size rules
   (DCSGD, DIANA) read from here.
 
-An operator is only attached to a payload it :attr:`~fedlightning.compression.Compressor.accepts`;
+An operator is only attached to a payload it :attr:`~fedlightning.federated.operator.Operator.accepts`;
 anything else stops with one sentence naming the method, the operator and what would fit.
 
 The downlink channel (:class:`DownlinkChannel`) sends the broadcast with the method's codec. A
@@ -26,6 +26,7 @@ once. An operator attached to the plain channel is refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -33,12 +34,12 @@ import torch
 from torch import Tensor
 
 from fedlightning.errors import ConfigError
-from fedlightning.federated.message import Codec, Message
+from fedlightning.federated.message import Codec, Message, SentShare
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.rng import SERVER
 
 if TYPE_CHECKING:
-    from fedlightning.compression.operators import Compressor
+    from fedlightning.federated.operator import Operator
     from fedlightning.federated.state import ClientStateStore
 
 __all__ = [
@@ -114,11 +115,11 @@ class Channel:
         self.payload = payload
         self.codec = codec
         self.method = method
-        self.compressor: Compressor | None = None
+        self.compressor: Operator | None = None
         self.error_feedback = False
         self.granularity: Literal["layer", "model"] = "layer"
         self._block_sizes: list[int] = []
-        self._operators: dict[int, Compressor] = {}
+        self._operators: dict[int, Operator] = {}
         self.per_client = False  # a downlink whose clients each get their own message
 
     # ------------------------------------------------------------------ configuration
@@ -127,7 +128,7 @@ class Channel:
         """The payload the operator sees (the uplink payload itself)."""
         return self.payload
 
-    def check_payload(self, compressor: Compressor) -> None:
+    def check_payload(self, compressor: Operator) -> None:
         """Stop with :class:`IncompatiblePayloadError` unless ``compressor`` accepts this channel's payload."""
         if self.compressed_payload not in compressor.accepts:
             raise IncompatiblePayloadError(
@@ -140,7 +141,7 @@ class Channel:
 
     def attach(
         self,
-        compressor: Compressor,
+        compressor: Operator,
         *,
         error_feedback: bool = False,
         granularity: Literal["layer", "model"] = "layer",
@@ -178,20 +179,22 @@ class Channel:
         self._block_sizes = list(block_sizes or [])
         self._operators.clear()
 
-    def operator(self, numel: int) -> Compressor:
-        """The operator as applied to a flat vector of ``numel`` entries (layer-wise if the blocks fit)."""
-        from fedlightning.compression.operators import Blockwise, Identity
-
+    def operator(self, numel: int) -> Operator:
+        """The attached operator as applied to a flat vector of ``numel`` entries (layer-wise if the blocks fit)."""
         if self.compressor is None:
-            return Identity()
+            raise ValueError(f"The {self.direction} channel of {self.method} has no operator attached.")
         if numel not in self._operators:
             sizes = self._block_sizes
             layerwise = self.granularity == "layer" and len(sizes) > 1 and sum(sizes) == numel
-            self._operators[numel] = Blockwise(self.compressor, sizes) if layerwise else self.compressor
+            self._operators[numel] = self.compressor.blockwise(sizes) if layerwise else self.compressor
         return self._operators[numel]
 
     def metadata(self, dim: int) -> ChannelMetadata:
-        """ω, δ and unbiasedness of what this channel applies to a ``dim``-vector."""
+        """ω, δ and unbiasedness of what this channel applies to a ``dim``-vector (the identity: ω = 0, δ = 1)."""
+        if self.compressor is None:
+            return ChannelMetadata(
+                name="identity", unbiased=True, omega=0.0, delta=1.0, error_feedback=self.error_feedback, dim=dim
+            )
         op = self.operator(dim)
         return ChannelMetadata(
             name=op.name,
@@ -214,10 +217,10 @@ class Channel:
     ) -> tuple[Message, Tensor]:
         """The message that carries ``x`` and the tensor the receiver decodes from it (decoded once).
 
-        A codec that :meth:`~fedlightning.compression.codecs.DenseCodec.reproduces` ``x`` (float32
+        A codec that :meth:`~fedlightning.federated.codecs.DenseCodec.reproduces` ``x`` (float32
         on the float32 wire) is not decoded: ``x`` itself is what decoding would return, bit for bit;
         on the CPU its message's payload is a read-only view of ``x``'s bytes
-        (:meth:`~fedlightning.compression.codecs.DenseCodec.borrowed`), so ``x`` must not be
+        (:meth:`~fedlightning.federated.codecs.DenseCodec.borrowed`), so ``x`` must not be
         modified after it is sent.
         ``generator`` is the sender's compression stream (only an attached operator draws from
         it; ``None`` is fine without one); ``state`` holds error-feedback memory.
@@ -245,17 +248,46 @@ class Channel:
         state.set(client_id, MEMORY_KEY, corrected - decoded.to(x.device, x.dtype))
         return message, decoded
 
+    def send_share(
+        self,
+        x: Tensor,
+        *,
+        client_ids: list[int],
+        generator: Callable[[int], torch.Generator | None],
+        state: ClientStateStore,
+    ) -> tuple[SentShare, Tensor | list[Tensor]]:
+        """The messages that carry the rows of ``x`` (K, ...) from ``client_ids`` and what the receiver decodes.
+
+        Without an operator, a codec that encodes rows in bulk (``encode_rows``, as
+        :class:`~fedlightning.federated.codecs.DenseCodec`) sends the whole share at once: its
+        messages and decoded rows are those :meth:`send` gives each row. Otherwise each row is
+        sent in turn by :meth:`send` (an operator draws from each sender's own stream
+        ``generator(client_id)`` and error feedback updates each sender's memory), and the
+        decoded rows are returned as a list.
+        """
+        encode_rows = getattr(self.codec, "encode_rows", None)
+        if self.compressor is None and encode_rows is not None:
+            sent, decoded = encode_rows(x, client_ids=client_ids)
+            return sent, decoded
+        messages, rows = [], []
+        for k, client_id in enumerate(client_ids):
+            gen = generator(client_id) if self.compressor is not None else None
+            message, decoded_row = self.send(x[k], client_id=client_id, generator=gen, state=state)
+            messages.append(message)
+            rows.append(decoded_row)
+        return SentShare.of(client_ids, messages), rows
+
 
 class ReplicaCodec:
     """Decodes a downlink message as ``reference + C(x − reference)``."""
 
-    def __init__(self, compressor: Compressor, reference: Tensor) -> None:
+    def __init__(self, compressor: Operator, reference: Tensor) -> None:
         self.compressor = compressor
         self.reference = reference
         self.name = f"replica[{compressor.name}]"
 
     @classmethod
-    def wrap(cls, inner: Message, compressor: Compressor, reference: Tensor) -> Message:
+    def wrap(cls, inner: Message, compressor: Operator, reference: Tensor) -> Message:
         """``inner`` (``compressor``'s message of a difference) as a message that decodes to ``reference`` + it."""
         return Message(
             payload=inner.payload,
@@ -299,7 +331,7 @@ class DownlinkChannel(Channel):
 
     def attach(
         self,
-        compressor: Compressor,
+        compressor: Operator,
         *,
         error_feedback: bool = False,
         granularity: Literal["layer", "model"] = "layer",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import torch
 from torch import Tensor, nn
 
-from fedlightning.federated.batches import local_batches
+from fedlightning.federated.batches import Schedule, batch_schedule, local_batches
 from fedlightning.federated.local import ClientResult, ClientRunner, LocalProgram, LocalTraining, overrides
 from fedlightning.federated.params import assign_flat_, flat_difference, unflatten_like
 from fedlightning.federated.rng import torch_generator
@@ -158,13 +158,59 @@ class ClientWork(RoundContext):
 
     # ------------------------------------------------------------------ helpers for methods
     def client_data(self, client_id: int) -> tuple[Tensor, Tensor]:
-        """The client's features and targets, on this module's device."""
+        """The client's features and targets, on this module's device.
+
+        On an accelerator the clients' data are copied there once (:meth:`resident_train_data`)
+        and each client's are a slice of that copy; otherwise they are copied per call.
+        """
+        resident = self.resident_train_data()
+        span = self.datamodule.client_span(client_id) if resident is not None else None
+        if resident is not None and span is not None:
+            return resident[0][span[0] : span[1]], resident[1][span[0] : span[1]]
         x, y = self.datamodule.client_tensors(client_id)
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def resident_train_data(self) -> tuple[Tensor, Tensor] | None:
+        """Every client's data on this module's accelerator, copied once (``None`` on a CPU, or when it would not fit).
+
+        Kept when the data take at most a quarter of the device's memory and the datamodule
+        stores its clients as slices (:meth:`~fedlightning.datamodules.base.FederatedDataModule.client_span`).
+        """
+        device = self.device
+        if device.type == "cpu" or not hasattr(self.datamodule, "train_tensors"):
+            return None
+        cached = self.__dict__.get("_resident_data")
+        if cached is not None and cached[0].device == device:
+            return cached
+        if self.datamodule.client_span(0) is None:
+            return None
+        x, y = self.datamodule.train_tensors()
+        size = x.numel() * x.element_size() + y.numel() * y.element_size()
+        if device.type == "cuda" and size > torch.cuda.get_device_properties(device).total_memory // 4:
+            return None
+        resident = (x.to(device), y.to(device))
+        self.__dict__["_resident_data"] = resident  # not a registered buffer: never checkpointed
+        return resident
 
     def client_batches(self, *, client_id: int, round_idx: int, num_samples: int) -> Iterable[Tensor]:
         """Mini-batch indices of one client in one round, from its own random stream."""
         return local_batches(
+            num_samples=num_samples,
+            batch_size=self.batch_size,
+            epochs=self.local_epochs,
+            steps=self.local_steps,
+            generator=self.generator(round_idx, client_id, "batches"),
+        )
+
+    def client_schedule(self, *, client_id: int, round_idx: int, num_samples: int) -> Schedule:
+        """:meth:`client_batches` as one :class:`~fedlightning.federated.batches.Schedule` (a share trained at once).
+
+        Built without a loop over batches from the same stream, unless a method gives its
+        clients batches of its own (then those batches, gathered).
+        """
+        if type(self).client_batches is not ClientWork.client_batches:
+            return Schedule.of(self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=num_samples))
+        return batch_schedule(
             num_samples=num_samples,
             batch_size=self.batch_size,
             epochs=self.local_epochs,

@@ -14,6 +14,7 @@ import functools
 import inspect
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch
 from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
@@ -52,8 +53,9 @@ class HeldOutEvaluation(ProcessShare):
             self.score_name = "acc"
             num_classes = int(datamodule.num_classes)
             # (summed across processes by hand at the end of each evaluation: evaluation_metrics)
+            # (no per-batch argument checks: each is a host read; the data were checked when loaded)
             accuracy = functools.partial(
-                MulticlassAccuracy, num_classes=num_classes, average="micro", sync_on_compute=False
+                MulticlassAccuracy, num_classes=num_classes, average="micro", sync_on_compute=False, validate_args=False
             )
             self.val_score: Metric = accuracy()
             self.test_score: Metric = accuracy()
@@ -64,8 +66,10 @@ class HeldOutEvaluation(ProcessShare):
             self.test_score = R2Score(sync_on_compute=False)
         else:
             raise ConfigError(f"Unknown data task {self.task!r}; a datamodule's task is classification or regression.")
-        self.val_loss = MeanMetric(sync_on_compute=False)
-        self.test_loss = MeanMetric(sync_on_compute=False)
+        # A non-finite loss propagates into the mean (no per-batch NaN filter, which would hide it
+        # and read the device once per batch); the divergence guard stops on it at the pass's end.
+        self.val_loss = MeanMetric(sync_on_compute=False, nan_strategy="disable")
+        self.test_loss = MeanMetric(sync_on_compute=False, nan_strategy="disable")
         # Every process updates it with the same (reduced) score, so it needs no sync of its own.
         self.val_score_best = MaxMetric(sync_on_compute=False)
         self.val_score_best.persistent(True)  # survives resume
@@ -119,17 +123,19 @@ class HeldOutEvaluation(ProcessShare):
     def log_evaluation(self, stage: Literal["val", "test"]) -> None:
         """Log one evaluation pass's results (its metrics hold the sums over all processes)."""
         if stage == "test":
-            self._divergence_watch.check_global_loss("test", float(self.test_loss.compute()))
-            self.log(f"test/{self.score_name}", self.test_score.compute())
-            self.log("test/loss", self.test_loss.compute())
+            score, loss = torch.stack([self.test_score.compute().float(), self.test_loss.compute().float()]).tolist()
+            self._divergence_watch.check_global_loss("test", loss)
+            self.log(f"test/{self.score_name}", score)
+            self.log("test/loss", loss)
             return
-        score = self.val_score.compute()
+        # one host read of the pass's results
+        score, loss = torch.stack([self.val_score.compute().float(), self.val_loss.compute().float()]).tolist()
         if not self.trainer.sanity_checking:
-            self._divergence_watch.check_global_loss("validation", float(self.val_loss.compute()))
-        self.val_score_best.update(score)
+            self._divergence_watch.check_global_loss("validation", loss)
+        self.val_score_best.update(self.val_score.compute())
         self.log(f"val/{self.score_name}", score, prog_bar=True)
-        self.log("val/loss", self.val_loss.compute())
-        self.log(f"val/{self.score_name}_best", self.val_score_best.compute())
+        self.log("val/loss", loss)
+        self.log(f"val/{self.score_name}_best", float(self.val_score_best.compute()))
 
     def _end_evaluation(self, stage: Literal["val", "test"]) -> None:
         metrics = self.evaluation_metrics(stage)

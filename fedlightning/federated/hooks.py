@@ -12,7 +12,9 @@ runs every phase; the per-client hooks fire on the process that holds the client
    attempted again when a callback's ``round_verdict`` asks for it.
 2. **downlink**: for each client of this process's share, ``on_client_downlink(trainer,
    module, round_idx, client_id, message)`` with the message that client receives (one
-   broadcast shared by the cohort, or the client's own message).
+   broadcast shared by the cohort, or the client's own message); a share trained at once is
+   observed in one call, ``on_share_downlink(trainer, module, round_idx, sent)``, whose default
+   calls the per-client hook for each client.
 3. **local work** on each client (the method's ``client_update``); the engine's local-training
    routine runs at most ``local_step_budget(trainer, module, round_idx, client_id, planned)``
    of its planned steps (the smallest budget of any callback; ``None``: all of them).
@@ -22,7 +24,10 @@ runs every phase; the per-client hooks fire on the process that holds the client
    with ``on_control_message(trainer, module, round_idx, client_id, direction, message)``.
 5. **uplink**: for each uploader, ``drops_upload(trainer, module, round_idx, client_id)``; if any
    callback says true the upload is lost (``on_upload_dropped``), otherwise the uplink channel
-   encodes it and ``on_client_upload(trainer, module, round_idx, client_id, message)`` sees it.
+   encodes it and ``on_client_upload(trainer, module, round_idx, client_id, message)`` sees it
+   (a share trained at once: ``on_share_upload(trainer, module, round_idx, sent)`` with the
+   share's :class:`~fedlightning.federated.message.SentShare`; control messages likewise
+   through ``on_share_control``).
    The estimator divides the upload's coefficient by the product of every callback's
    ``arrival_probability`` (1.0 unless a callback corrects for its own drop-outs).
 6. **accumulate and reduce**: decoded uploads are folded into the method's aggregator and
@@ -45,7 +50,7 @@ import lightning as L
 from torch import Tensor
 
 from fedlightning.federated.cohort import Cohort
-from fedlightning.federated.message import Message
+from fedlightning.federated.message import Message, SentShare
 
 if TYPE_CHECKING:
     from fedlightning.federated.aggregators import Aggregator
@@ -104,6 +109,16 @@ class FederatedCallback(L.Callback):
     ) -> None:
         """Client ``client_id`` receives ``message`` from the server."""
 
+    def on_share_downlink(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, sent: SentShare) -> None:
+        """The clients of ``sent`` receive their messages at once (a share trained together).
+
+        By default :meth:`on_client_downlink` for each client in turn; a callback that counts
+        messages may take the share at once instead.
+        """
+        if _overrides(self, "on_client_downlink"):
+            for k, client_id in enumerate(sent.client_ids):
+                self.on_client_downlink(trainer, module, round_idx, client_id, sent.message(k))
+
     def on_control_message(
         self,
         trainer: L.Trainer,
@@ -114,6 +129,14 @@ class FederatedCallback(L.Callback):
         message: Message,
     ) -> None:
         """A control message of the uploader choice crossed the wire (``"up"``: from the client)."""
+
+    def on_share_control(
+        self, trainer: L.Trainer, module: FederatedModule, round_idx: int, direction: Direction, sent: SentShare
+    ) -> None:
+        """Control messages of several clients at once; by default :meth:`on_control_message` for each."""
+        if _overrides(self, "on_control_message"):
+            for k, client_id in enumerate(sent.client_ids):
+                self.on_control_message(trainer, module, round_idx, client_id, direction, sent.message(k))
 
     def drops_upload(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int) -> bool:
         """Return true to lose this client's upload (a failure; nothing is sent or counted)."""
@@ -130,6 +153,16 @@ class FederatedCallback(L.Callback):
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
     ) -> None:
         """Client ``client_id`` sent ``message`` to the server."""
+
+    def on_share_upload(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, sent: SentShare) -> None:
+        """The uploads of several clients, sent at once (a share trained together, none dropped).
+
+        By default :meth:`on_client_upload` for each client in turn: a callback that does not
+        override it never makes the engine build the share's :class:`Message` objects.
+        """
+        if _overrides(self, "on_client_upload"):
+            for k, client_id in enumerate(sent.client_ids):
+                self.on_client_upload(trainer, module, round_idx, client_id, sent.message(k))
 
     def round_verdict(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, attempt: int, aggregator: Aggregator
@@ -185,3 +218,8 @@ class ClientSampler(FederatedCallback):
         Σ_{chosen} w_i/(p_i q_i) Δ_i over the federation's shares w_i.
         """
         return UploadChoice(uploaders=cohort)
+
+
+def _overrides(callback: FederatedCallback, hook: str) -> bool:
+    """Whether ``callback``'s class defines its own ``hook`` (the base's per-client hooks do nothing)."""
+    return getattr(type(callback), hook) is not getattr(FederatedCallback, hook)

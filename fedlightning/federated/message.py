@@ -8,6 +8,7 @@ never computed from a formula in the accounting: they are read off the message.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Protocol, runtime_checkable
@@ -69,3 +70,58 @@ class Message:
     def decode(self) -> Tensor:
         """The tensor the receiver reconstructs."""
         return self.codec.decode(self)
+
+
+class SentShare:
+    """The messages of K senders sent at once (one per client of a share, in order).
+
+    Each message's exact length is known (``num_bits``); the :class:`Message` objects themselves
+    are built only when asked for (:meth:`message`), so a share whose lengths are known from its
+    codec (:meth:`~fedlightning.compression.codecs.DenseCodec.encode_rows`) never copies its
+    bytes to the host for the accounting alone.
+
+    Args:
+        client_ids: the senders, in order.
+        num_bits: each message's exact bitstream length.
+        codec_names: each message's codec name.
+        message: builds the ``k``-th message (the same one a per-client send writes).
+
+    >>> import torch
+    >>> from fedlightning.compression.codecs import Float32Codec
+    >>> rows = torch.ones(2, 3)
+    >>> sent = SentShare.of([4, 7], [Float32Codec().encode(r) for r in rows])
+    >>> sent.num_bits, sent.codec_names, sent.message(1).num_bits
+    ([96, 96], ['float32', 'float32'], 96)
+    """
+
+    def __init__(
+        self,
+        *,
+        client_ids: list[int],
+        num_bits: list[int],
+        codec_names: list[str],
+        message: Callable[[int], Message],
+    ) -> None:
+        if not len(client_ids) == len(num_bits) == len(codec_names):
+            raise ValueError("A share's senders, lengths and codec names must be as many.")
+        self.client_ids = client_ids
+        self.num_bits = num_bits
+        self.codec_names = codec_names
+        self._message = message
+
+    @classmethod
+    def of(cls, client_ids: list[int], messages: list[Message]) -> SentShare:
+        """A share of messages that already exist (one per sender)."""
+        return cls(
+            client_ids=client_ids,
+            num_bits=[m.num_bits for m in messages],
+            codec_names=[m.codec.name for m in messages],
+            message=messages.__getitem__,
+        )
+
+    def __len__(self) -> int:
+        return len(self.client_ids)
+
+    def message(self, k: int) -> Message:
+        """The ``k``-th sender's message."""
+        return self._message(k)

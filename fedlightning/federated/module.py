@@ -32,7 +32,9 @@ Processes (Lightning DDP) share the cohort (:mod:`fedlightning.federated.distrib
 stream depend on (seed, round, client, purpose) only, never on the number of processes.
 Validation and test, sharded alike, are in :mod:`fedlightning.federated.evaluation`; what the
 phases hand each other, and the round in progress as methods read it, in
-:mod:`fedlightning.federated.rounds`.
+:mod:`fedlightning.federated.rounds`; the phases that move messages (per-client downlinks, the
+uploader choice, the uplink and the accumulation, per client or for a share trained at once in
+bulk) in :mod:`fedlightning.federated.wire`.
 
 The client hooks a method overrides (its loss, penalty, step hook, optimiser, batches or whole
 ``client_update``) are in :mod:`fedlightning.federated.client`. Clients train one reused model
@@ -59,22 +61,28 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from fedlightning.compression.codecs import Float32Codec
 from fedlightning.cuda_check import drop_unusable_nvml_check
 from fedlightning.errors import ConfigError
-from fedlightning.federated.aggregators import ESTIMATORS, Aggregator, Estimator, WeightedMean, accumulate_upload
+from fedlightning.federated.aggregators import (
+    ESTIMATORS,
+    Aggregator,
+    Estimator,
+    WeightedMean,
+)
 from fedlightning.federated.channel import Channel, DownlinkChannel
-from fedlightning.federated.client import ClientWork, ParamsT, ignored_penalty
+from fedlightning.federated.client import ParamsT, ignored_penalty
+from fedlightning.federated.codecs import Float32Codec
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.divergence import DivergencePolicy, DivergenceWatch, check_server_state, upload_check
 from fedlightning.federated.evaluation import HeldOutEvaluation
-from fedlightning.federated.hooks import Direction, FederatedCallback, UploadChoice, Verdict
+from fedlightning.federated.hooks import FederatedCallback, Verdict
 from fedlightning.federated.local import (
     ClientResult,
     ClientRunner,
     LocalExecution,
     LocalTraining,
     LoopRunner,
+    ResultRows,
     check_local_execution,
     choose_runner,
     own_local_work,
@@ -93,6 +101,7 @@ from fedlightning.federated.round_row import log_round_row
 from fedlightning.federated.rounds import LOSS, METRICS, QUARANTINED, TRAINED, Rounds, RoundState
 from fedlightning.federated.server_optim import RoundClock
 from fedlightning.federated.state import ClientStateStore
+from fedlightning.federated.wire import WirePhases
 
 if TYPE_CHECKING:
     pass
@@ -118,7 +127,7 @@ drop_unusable_nvml_check()
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 
 
-class FederatedModule(ClientWork, HeldOutEvaluation):
+class FederatedModule(WirePhases, HeldOutEvaluation):
     """Base class of every federated method (FedAvg itself is this class unchanged).
 
     Args:
@@ -289,9 +298,6 @@ class FederatedModule(ClientWork, HeldOutEvaluation):
             and cls.on_upload_decoded is FederatedModule.on_upload_decoded
         )
 
-    def on_upload_decoded(self, *, client_id: int, round_idx: int, decoded: Tensor) -> None:
-        """Server-side bookkeeping of one decoded upload, on the process that holds the client."""
-
     def server_delta(self, *, round_idx: int, aggregator: Aggregator) -> Tensor:
         """The model delta Δ of the round; the server optimiser steps on −Δ (default: the estimate)."""
         assert isinstance(aggregator, WeightedMean)
@@ -351,7 +357,11 @@ class FederatedModule(ClientWork, HeldOutEvaluation):
             round_idx=rnd.round_idx,
             share=self.share_of(rnd.cohort),
             receive=lambda cid: self._client_downlink(rnd, cid, broadcast_state, broadcast),
+            receive_share=lambda share: self._share_downlink(rnd, share, broadcast_state, broadcast),
         )
+        if isinstance(results, ResultRows):
+            self._take_rows(rnd, results)
+            return self._end_attempt(rnd)
         for client_id, result in results:
             loss, total = upload_check(result.loss, result.upload)
             if not (math.isfinite(loss) and math.isfinite(total)):
@@ -365,6 +375,10 @@ class FederatedModule(ClientWork, HeldOutEvaluation):
                 self._upload(rnd, client_id, result, rnd.probability[client_id])
         if rnd.choose_later:
             self._choose_and_upload(rnd, buffered)
+        self._end_attempt(rnd)
+
+    def _end_attempt(self, rnd: RoundState) -> None:
+        """Phase *reduce* and the divergence checks of the reduced round."""
         self._divergence_watch.end_attempt(rnd)  # the start's first-step losses, into the statistics
         rnd.stats = rnd.aggregator.all_reduce(self.reduce_sum, alongside=rnd.stats)  # one collective
         self._divergence_watch.check_attempt(rnd)  # stops a diverged round on every process alike
@@ -420,48 +434,6 @@ class FederatedModule(ClientWork, HeldOutEvaluation):
         rnd.received_broadcast = decoded.to(self.device)
         return state, message
 
-    def _client_downlink(self, rnd: RoundState, client_id: int, state: Tensor, broadcast: Message) -> Tensor:
-        """Phase *downlink*, per client: the message this client receives, observed and decoded."""
-        message = broadcast
-        if self.per_client_downlink:
-            own = self.client_downlink(client_id=client_id, round_idx=rnd.round_idx, broadcast=state)
-            message = self.downlink_channel.codec.encode(own)
-        for cb in rnd.callbacks:
-            cb.on_client_downlink(self.trainer, self, rnd.round_idx, client_id, message)
-        return rnd.received_broadcast if message is broadcast else message.decode().to(self.device)
-
-    def _choose_and_upload(self, rnd: RoundState, buffered: list[tuple[int, ClientResult]]) -> None:
-        """Phase *choose*: the sampler sees every cohort member's ‖update‖₂, then the chosen upload.
-
-        The choice protocol's control messages are observed per client. With the normalised
-        estimator every member that computed counts in the total weight, whether it was chosen,
-        and whether its upload then arrived or was lost.
-        """
-        assert rnd.sampler is not None
-        norms = torch.zeros(len(rnd.cohort), dtype=torch.float64)
-        position = {cid: k for k, cid in enumerate(rnd.cohort.client_ids)}
-        for client_id, result in buffered:
-            norms[position[client_id]] = float(result.upload.double().norm())
-        choice: UploadChoice = rnd.sampler.choose_uploaders(self.trainer, self, rnd.cohort, self.reduce_sum(norms))
-        control = Float32Codec()
-        for client_id, _ in buffered:
-            directions: tuple[tuple[Direction, dict[int, Tensor]], ...] = (
-                ("up", choice.uplink_control),
-                ("down", choice.downlink_control),
-            )
-            for direction, sent in directions:
-                if client_id in sent:
-                    message = control.encode(sent[client_id])
-                    for cb in rnd.callbacks:
-                        cb.on_control_message(self.trainer, self, rnd.round_idx, client_id, direction, message)
-        chosen = dict(zip(choice.uploaders.client_ids, choice.uploaders.inclusion_probabilities.tolist(), strict=True))
-        for client_id, result in buffered:
-            if self.aggregation == "normalised":  # every member that computed, chosen, lost or not
-                assert isinstance(rnd.aggregator, WeightedMean)
-                rnd.aggregator.add_mass(self.client_share(client_id=client_id, num_samples=result.num_samples))
-            if client_id in chosen:
-                self._upload(rnd, client_id, result, rnd.probability[client_id], choice_probability=chosen[client_id])
-
     def _server_step(self, rnd: RoundState, *, apply: bool = True) -> None:
         """Phase *apply*: set the server state, or step the server optimiser on −Δ (unless skipped).
 
@@ -494,49 +466,6 @@ class FederatedModule(ClientWork, HeldOutEvaluation):
         for cb in rnd.callbacks:
             cb.on_round_end(self.trainer, self, rnd.round_idx, metrics)  # each may add its scalars
         log_round_row(self.trainer, rnd.round_idx, metrics)
-
-    def _upload(
-        self,
-        rnd: RoundState,
-        client_id: int,
-        result: ClientResult,
-        inclusion_probability: float,
-        *,
-        choice_probability: float | None = None,
-    ) -> None:
-        """Phases *uplink* and *accumulate* for one client: drop, or encode, decode and fold in.
-
-        ``choice_probability`` is q_i of a client chosen after local work (see
-        :meth:`_choose_and_upload`); the upload's coefficient is then divided by it.
-        """
-        trainer = self.trainer
-        if any(cb.drops_upload(trainer, self, rnd.round_idx, client_id) for cb in rnd.callbacks):
-            for cb in rnd.callbacks:
-                cb.on_upload_dropped(trainer, self, rnd.round_idx, client_id)
-            return
-        channel = self.uplink_channel
-        message, decoded = channel.send(
-            result.upload,
-            client_id=client_id,
-            # (the plain codec draws nothing: no stream to derive)
-            generator=None if channel.compressor is None else self.generator(rnd.round_idx, client_id, "compress"),
-            state=self.client_state,
-        )
-        q = 1.0 if choice_probability is None else choice_probability
-        for cb in rnd.callbacks:  # e.g. drop-outs at a known rate, corrected for (1.0 otherwise)
-            q *= cb.arrival_probability(trainer, self, rnd.round_idx, client_id)
-        self._phase_probability[client_id] = inclusion_probability * q
-        for cb in rnd.callbacks:
-            cb.on_client_upload(trainer, self, rnd.round_idx, client_id, message)
-        decoded = decoded.to(self.device)
-        self.on_upload_decoded(client_id=client_id, round_idx=rnd.round_idx, decoded=decoded)
-        weight = self.upload_weight(
-            client_id=client_id, num_samples=result.num_samples, inclusion_probability=inclusion_probability * q
-        )
-        chosen = choice_probability is not None
-        accumulate_upload(rnd.aggregator, decoded, weight=weight, q=q, chosen=chosen, estimator=self.aggregation)
-        for k, name in enumerate(self.client_metric_names):
-            rnd.stats[METRICS + k] += float(result.metrics[name])
 
     def _total_samples(self) -> int:
         """n = Σ_i n_i over the whole federation (the denominator of FedAvg's shares)."""

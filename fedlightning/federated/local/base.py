@@ -26,6 +26,8 @@ __all__ = [
     "LocalExecution",
     "LocalProgram",
     "LocalTraining",
+    "ResultRows",
+    "ShareResults",
     "engine_base",
     "overrides",
     "own_local_work",
@@ -55,6 +57,40 @@ class ClientResult:
     num_samples: int
     loss: Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ResultRows:
+    """What local work produced on a whole share at once: the uploads as the rows of one tensor.
+
+    The engine sends, checks and folds such a share in bulk (one channel call, one host read
+    of the losses and upload sums, one accounting call); iterating it gives the per-client
+    :class:`ClientResult` view.
+
+    Attributes:
+        client_ids: the share, in order.
+        uploads: (K, d) payloads, row k is client k's (of the method's ``uplink_payload`` kind).
+        num_samples: each client's sample count.
+        losses: (K,) each client's mean local training loss.
+    """
+
+    client_ids: list[int]
+    uploads: Tensor
+    num_samples: list[int]
+    losses: Tensor
+
+    def __post_init__(self) -> None:
+        k = len(self.client_ids)
+        if self.uploads.shape[0] != k or len(self.num_samples) != k or self.losses.shape != (k,):
+            raise ValueError(f"A share of {k} clients as rows needs {k} uploads, sample counts and losses.")
+
+    def __iter__(self) -> Iterator[tuple[int, ClientResult]]:
+        for k, client_id in enumerate(self.client_ids):
+            yield client_id, ClientResult(upload=self.uploads[k], num_samples=self.num_samples[k], loss=self.losses[k])
+
+
+ShareResults = Iterable[tuple[int, ClientResult]]
+"""A runner's results: each client with its own (a :class:`ResultRows` is one, in bulk)."""
 
 
 @dataclass
@@ -168,9 +204,19 @@ class ClientRunner:
         """Called once at the start of each round in which this backend runs."""
 
     def train_share(
-        self, module: FederatedModule, *, round_idx: int, share: list[int], receive: Callable[[int], Tensor]
-    ) -> Iterator[tuple[int, ClientResult]]:
-        """Each client of ``share`` (in order) with its result; ``receive(cid)`` is its decoded downlink."""
+        self,
+        module: FederatedModule,
+        *,
+        round_idx: int,
+        share: list[int],
+        receive: Callable[[int], Tensor],
+        receive_share: Callable[[list[int]], list[Tensor]],
+    ) -> ShareResults:
+        """Each client of ``share`` (in order) with its result.
+
+        ``receive(cid)`` is one client's decoded downlink; ``receive_share(share)`` observes the
+        whole share's downlinks at once (a backend that trains the share together uses it).
+        """
         for client_id in share:
             received = receive(client_id)
             yield client_id, module.client_update(client_id=client_id, round_idx=round_idx, received=received)

@@ -27,7 +27,7 @@ sequential backends are as fast.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -35,7 +35,16 @@ import torch
 from torch import Tensor, nn
 
 from fedlightning.errors import ConfigError
-from fedlightning.federated.local.base import ClientResult, ClientRunner, engine_base, overrides, own_local_work
+from fedlightning.federated.batches import Schedule
+from fedlightning.federated.local.base import (
+    ClientResult,
+    ClientRunner,
+    ResultRows,
+    ShareResults,
+    engine_base,
+    overrides,
+    own_local_work,
+)
 from fedlightning.federated.local.stacked_optim import StackedOptimizer, refusal, stacked_optimizer
 from fedlightning.federated.params import unflatten_like
 
@@ -74,16 +83,28 @@ class StepPlan:
     steps: Tensor
 
 
-def plan_steps(schedules: Sequence[Sequence[Tensor]], offsets: Sequence[int], batch_size: int) -> StepPlan:
-    """Pad K clients' index batches into one :class:`StepPlan` (``offsets``: where each client's data starts)."""
-    k = len(schedules)
-    s = max((len(b) for b in schedules), default=0)
+def plan_steps(schedules: Sequence[Sequence[Tensor] | Schedule], offsets: Sequence[int], batch_size: int) -> StepPlan:
+    """Pad K clients' batch schedules into one :class:`StepPlan` (``offsets``: where each client's data starts).
+
+    Built with tensor operations over the share's concatenated indices (no loop over steps).
+    """
+    plans = [s if isinstance(s, Schedule) else Schedule.of(s) for s in schedules]
+    k = len(plans)
+    steps = torch.tensor([p.steps for p in plans], dtype=torch.long)
+    s = int(steps.max()) if k else 0
     index = torch.zeros(k, s, batch_size, dtype=torch.long)
     mask = torch.zeros(k, s, batch_size, dtype=torch.bool)
-    for c, (batches, offset) in enumerate(zip(schedules, offsets, strict=True)):
-        for step, idx in enumerate(batches):
-            index[c, step, : len(idx)] = idx + offset
-            mask[c, step, : len(idx)] = True
+    if k and s:
+        sizes = torch.cat([p.sizes for p in plans])  # every batch of the share, client by client
+        flat = torch.cat([p.index + offset for p, offset in zip(plans, offsets, strict=True)])
+        client = torch.repeat_interleave(torch.arange(k), steps)
+        first_batch = torch.cumsum(steps, 0) - steps
+        step = torch.arange(len(sizes)) - torch.repeat_interleave(first_batch, steps)
+        batch = torch.repeat_interleave(torch.arange(len(sizes)), sizes)
+        first_index = torch.cumsum(sizes, 0) - sizes
+        position = torch.arange(len(flat)) - torch.repeat_interleave(first_index, sizes)
+        index[client[batch], step[batch], position] = flat
+        mask[client[batch], step[batch], position] = True
     active = mask.any(dim=2)
     return StepPlan(index=index, mask=mask, active=active, steps=active.sum(dim=1))
 
@@ -106,6 +127,7 @@ def train_stacked(
     task: str,
     max_grad_norm: float | None,
     penalty: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], Tensor | None] | None = None,
+    transform: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """Local SGD of K clients at once from the same ``start`` parameters.
 
@@ -119,6 +141,8 @@ def train_stacked(
         max_grad_norm: per-client clipping of each step's gradient (as ``clip_grad_norm_``).
         penalty: a term of (a client's parameters, ``start``) added to every client's batch loss
             (the method's ``local_penalty``, e.g. FedProx's proximal term).
+        transform: applied to each gathered batch of ``x`` (the datamodule's elementwise
+            ``transform``, e.g. ``uint8`` pixels to normalised floats).
 
     Returns:
         The final stacked parameters (name -> (K, ...)), each client's first-step loss (K,)
@@ -151,6 +175,8 @@ def train_stacked(
     for s in range(steps):
         idx = index[:, s]
         xb, yb = x[idx], y[idx]
+        if transform is not None:
+            xb = transform(xb)
         mb = mask[:, s].to(counts.dtype)
         losses = batched(params, xb, yb, mb, counts[:, s])
         grads = torch.autograd.grad(losses.sum(), [params[n] for n in names])
@@ -197,39 +223,56 @@ def stacked_work_owner(cls: type) -> type | None:
 
 @dataclass(frozen=True)
 class ShareData:
-    """A share's data as the loop would train it: each client's tensors and its own batch plan.
+    """A share's data as the loop would train it: each client's tensors and its own batch schedule.
 
     Attributes:
         x, y: each client's features and targets, in share order (on the module's device).
-        schedules: each client's index batches from its own stream, cut to its step budget.
+        schedules: each client's batches from its own stream, cut to its step budget.
         offsets: where each client's samples start in the concatenated data.
     """
 
     x: list[Tensor]
     y: list[Tensor]
-    schedules: list[list[Tensor]]
+    schedules: list[Schedule]
     offsets: list[int]
+    source: tuple[Tensor, Tensor] | None = None
 
     def plan(self, batch_size: int) -> StepPlan:
         """The padded plan of the share (:func:`plan_steps`)."""
         return plan_steps(self.schedules, self.offsets, batch_size)
 
+    def gathered(self) -> tuple[Tensor, Tensor]:
+        """The tensors :attr:`offsets` point into: every client's data on the device, else the share's, concatenated."""
+        if self.source is not None:
+            return self.source
+        return torch.cat(self.x), torch.cat(self.y)
 
-def share_data(module: FederatedModule, *, share: list[int], round_idx: int) -> ShareData:
-    """Each client's data and batches, drawn exactly as the loop draws them (budgets of stragglers included)."""
+
+def share_data(module: FederatedModule, *, share: list[int], round_idx: int, resident: bool = False) -> ShareData:
+    """Each client's data and batches, drawn exactly as the loop draws them (budgets of stragglers included).
+
+    With ``resident``, where every client's data already lie on the device (the engine's
+    ``resident_train_data``), the offsets point into them (:attr:`ShareData.source`) and nothing
+    is copied; otherwise into the share's data, concatenated.
+    """
     xs, ys, schedules, offsets = [], [], [], []
+    on_device = module.resident_train_data() if resident else None
+    spans = [module.datamodule.client_span(c) for c in share] if on_device is not None else []
     total = 0
     for client_id in share:
         x, y = module.client_data(client_id)
-        batches = list(module.client_batches(client_id=client_id, round_idx=round_idx, num_samples=len(y)))
+        schedule = module.client_schedule(client_id=client_id, round_idx=round_idx, num_samples=len(y))
         if module.cuts_local_steps:  # e.g. stragglers: at most a budget of the planned steps
-            budget = module.local_step_budget(client_id=client_id, round_idx=round_idx, planned=len(batches))
-            batches = batches[:budget]
+            budget = module.local_step_budget(client_id=client_id, round_idx=round_idx, planned=schedule.steps)
+            schedule = schedule.cut(budget)
         xs.append(x)
         ys.append(y)
-        schedules.append(batches)
+        schedules.append(schedule)
         offsets.append(total)
         total += len(y)
+    if on_device is not None and all(span is not None for span in spans):
+        starts = [span[0] for span in spans if span is not None]
+        return ShareData(x=xs, y=ys, schedules=schedules, offsets=starts, source=on_device)
     return ShareData(x=xs, y=ys, schedules=schedules, offsets=offsets)
 
 
@@ -294,24 +337,28 @@ class VectorisedRunner(ClientRunner):
         return why.rstrip(".") or None
 
     def train_share(
-        self, module: FederatedModule, *, round_idx: int, share: list[int], receive: Callable[[int], Tensor]
-    ) -> Iterator[tuple[int, ClientResult]]:
-        received = [receive(client_id) for client_id in share]  # every downlink is observed (and counted)
+        self,
+        module: FederatedModule,
+        *,
+        round_idx: int,
+        share: list[int],
+        receive: Callable[[int], Tensor],
+        receive_share: Callable[[list[int]], list[Tensor]],
+    ) -> ShareResults:
+        received = receive_share(share)  # every downlink is observed (and counted), in one call
         if not share:
-            return
+            return []
         start_vector = received[-1]  # the broadcast, unless each client receives its own message
         if stacked_work_owner(type(module)) is not None:
             work = cast(StackedLocalWork, module)
             own: dict[str, Any] = {"received_by_client": received} if module.per_client_downlink else {}
             results = work.stacked_client_updates(round_idx=round_idx, share=share, received=start_vector, **own)
-            yield from zip(share, results, strict=True)
-            return
+            return list(zip(share, results, strict=True))
         model = module.client_model
         named = dict(model.named_parameters())
         start = dict(zip(named, unflatten_like(start_vector, named.values()), strict=True))
-        data = share_data(module, share=share, round_idx=round_idx)
-        dm = module.datamodule
-        x_all = dm.transform(torch.cat(data.x)) if hasattr(dm, "transform") else torch.cat(data.x)
+        data = share_data(module, share=share, round_idx=round_idx, resident=True)
+        x_all, y_all = data.gathered()
         optimizer = stacked_optimizer(module.round_client_optimizer)
         assert optimizer is not None, "refusal() was not asked"
         base = engine_base(type(module))
@@ -321,7 +368,8 @@ class VectorisedRunner(ClientRunner):
             model=model,
             start=start,
             x=x_all,
-            y=torch.cat(data.y),
+            y=y_all,
+            transform=getattr(module.datamodule, "transform", None),
             plan=data.plan(module.batch_size),
             optimizer=optimizer,
             task=module.task,
@@ -329,7 +377,6 @@ class VectorisedRunner(ClientRunner):
             penalty=module.local_penalty if overrides(type(module), base, "local_penalty") else None,
         )
         uploads = torch.cat([final[n].reshape(len(share), -1) for n in named], dim=1) - start_vector
-        took = torch.tensor([len(b) > 0 for b in data.schedules], device=first_loss.device)
+        took = torch.tensor([b.steps > 0 for b in data.schedules], device=first_loss.device)
         module.record_start_losses(first_loss[took])  # the received model's loss on each client's first batch
-        for k, client_id in enumerate(share):
-            yield client_id, ClientResult(upload=uploads[k], num_samples=len(data.y[k]), loss=mean_loss[k])
+        return ResultRows(client_ids=share, uploads=uploads, num_samples=[len(y) for y in data.y], losses=mean_loss)
