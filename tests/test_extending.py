@@ -112,3 +112,75 @@ def test_page_compressor_is_refused_on_a_bernoulli_mask(project: Path) -> None:
         )
     with pytest.raises(ConfigError, match="uniform_quantiser"):
         run(cfg, project / "refused")
+
+
+DATA_PAGE = PAGE.with_name("datamodules.md")
+DATA_SECTIONS = ("Adding your own data set", "Adding your own model")
+
+
+@pytest.fixture
+def data_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``my_data.py`` and ``my_configs/`` copied from docs/datamodules.md, on sys.path and the cwd."""
+    text = DATA_PAGE.read_text()
+    code = []
+    for title in DATA_SECTIONS:
+        start = text.index(f"\n### {title}\n")
+        section = text[start : text.find("\n### ", start + 1)]
+        code.append(_blocks(section, "python")[0][1])
+        before, yaml_text = _blocks(section, "yaml")[0]
+        target = re.findall(r"`(my_configs/[\w/]+\.yaml)`", before)[-1]
+        (tmp_path / target).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / target).write_text(yaml_text)
+    (tmp_path / "my_data.py").write_text("\n\n".join(code))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    sys.modules.pop("my_data", None)
+
+
+def test_data_page_dataset_and_model_work_without_hydra(data_project: Path) -> None:
+    from my_data import BlobsDataModule, blobs_mlp  # type: ignore[import-not-found]
+
+    from fedlightning.models import ModelInputs
+
+    dm = BlobsDataModule(num_clients=5)
+    dm.setup("fit")
+    assert (dm.num_train_samples, len(dm.client_sizes)) == (540, 5)  # 600 less the 10 % validation hold-out
+    x, _ = dm.client_tensors(0)
+    model = blobs_mlp(inputs=ModelInputs(shape=dm.input_shape, num_classes=dm.num_classes))
+    assert model(x).shape == (len(x), 3)
+    jittered = dm.augment(x, torch.Generator().manual_seed(0))
+    assert jittered.shape == x.shape and not torch.equal(jittered, x)
+    with pytest.raises(ValueError, match="model=char_lstm"):
+        blobs_mlp(inputs=ModelInputs(shape=(80,), num_classes=90, token_inputs=True))
+
+
+def test_data_page_command_runs_the_dataset_and_model(data_project: Path) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from fedlightning.cli import config_dir
+    from fedlightning.run import run
+
+    text = DATA_PAGE.read_text()
+    command = next(c for _, c in _blocks(text, "bash") if "data=blobs" in c)
+    overrides = [o for o in command.split()[3:] if not o.startswith("rounds=")]  # after the search path
+    assert overrides == ["data=blobs", "model=blobs_mlp"]
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose(
+            config_name="train",
+            overrides=[
+                f"hydra.searchpath=[file://{data_project / 'my_configs'}]",
+                *overrides,
+                "rounds=2",
+                "logger=none",
+                "checkpoint_every=0",
+                "trainer.enable_progress_bar=false",
+            ],
+        )
+    summary = run(cfg, data_project / "outputs" / "blobs")
+    assert (summary["data"], summary["model"], summary["num_clients"]) == ("blobs", "blobs_mlp", 10)
+    assert summary["config"]["data"]["_target_"] == "my_data.BlobsDataModule"
+    params = 2 * 16 + 16 + 16 * 3 + 3  # blobs_mlp on 2 features, 3 classes
+    assert summary["comm/uplink_bits_total"] == 2 * 10 * 32 * params  # 2 rounds, every client, float32
+    partition = json.loads((data_project / "outputs" / "blobs" / "partition.json").read_text())
+    assert partition["dataset"] == "blobs" and partition["num_dataset_samples"] == 600
