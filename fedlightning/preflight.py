@@ -69,6 +69,30 @@ def preflight(
     refuse_unread_overrides(cfg, overrides)
     check_trainer(cfg.trainer)
     check_compression(cfg, choices=choices)
+    refuse_selection_on_test(cfg)
+
+
+def refuse_selection_on_test(cfg: Mapping[str, Any]) -> None:
+    """Refuse early stopping on a validation metric when there is no validation split.
+
+    With ``data.val_fraction=0`` the validation loader serves the test set, so a monitored
+    ``val/...`` metric would choose the stopping (and, with ``restore_best``, the scored) round
+    on the test data.
+
+    >>> refuse_selection_on_test({"data": {"val_fraction": 0.1}, "early_stopping": {"monitor": "val/acc"}})
+    >>> refuse_selection_on_test({"data": {"val_fraction": 0.0}, "early_stopping": {"monitor": None}})
+    """
+    stopping = cfg.get("early_stopping") or {}
+    monitor = stopping.get("monitor")
+    data = cfg.get("data") or {}
+    if monitor is None or not str(monitor).startswith("val/") or "val_fraction" not in data:
+        return
+    if float(data["val_fraction"]) == 0.0:
+        raise ConfigError(
+            f"early_stopping.monitor={monitor} would choose the round on the test set, which serves as validation "
+            "when data.val_fraction=0; hold out validation data (e.g. data.val_fraction=0.1) or set "
+            "early_stopping.monitor=null."
+        )
 
 
 # --- the trainer --------------------------------------------------------------------------------

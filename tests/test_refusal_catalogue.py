@@ -96,6 +96,10 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
     "negative devices on the CPU": (["trainer.devices=-3"], ["trainer.devices=-3 is not a process count"]),
     "no nodes": (["trainer.num_nodes=0"], ["trainer.num_nodes must be a machine count of at least 1 (got 0)"]),
     "an override nothing reads": (["clients_per_round=4"], ["clients_per_round=4 would change nothing"]),
+    "early stopping on the test set": (
+        ["data.val_fraction=0", "early_stopping.monitor=val/acc"],
+        ["early_stopping.monitor=val/acc would choose the round on the test set", "data.val_fraction=0.1"],
+    ),
 }
 if not torch.cuda.is_available():
     CATALOGUE["a GPU this machine lacks"] = (
