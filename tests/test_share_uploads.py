@@ -99,7 +99,7 @@ def test_two_processes_send_the_bulk_paths_messages_of_one_process(make_config: 
 
 
 @pytest.mark.parametrize("codec", [Float32Codec(), Float16Codec(), BFloat16Codec()], ids=lambda c: c.name)
-@pytest.mark.parametrize("shape", [(0,), (1,), (7,), (3, 5), (2, 3, 4), (1_000,)], ids=str)
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (7,), (3, 5), (2, 3, 4), (1_000,)], ids=str)
 def test_encode_rows_writes_each_rows_own_message_and_length(codec: Any, shape: tuple[int, ...]) -> None:
     gen = torch.Generator().manual_seed(len(shape))
     x = torch.randn(4, *shape, generator=gen) * 1e3

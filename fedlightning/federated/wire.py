@@ -115,7 +115,9 @@ class WirePhases(ClientWork):
             where = {cid: k for k, cid in enumerate(rnd.cohort.client_ids)}
             position = torch.tensor([where[cid] for cid, _ in buffered])
             norms[position] = torch.stack([result.upload.detach().double().norm() for _, result in buffered]).cpu()
-        choice: UploadChoice = rnd.sampler.choose_uploaders(module.trainer, module, rnd.cohort, module.reduce_sum(norms))
+        choice: UploadChoice = rnd.sampler.choose_uploaders(
+            module.trainer, module, rnd.cohort, module.reduce_sum(norms)
+        )
         members = [cid for cid, _ in buffered]
         directions: tuple[tuple[Direction, dict[int, Tensor]], ...] = (
             ("up", choice.uplink_control),
@@ -124,7 +126,11 @@ class WirePhases(ClientWork):
         for direction, control in directions:
             ids = [cid for cid in members if cid in control]
             if ids:
-                sent = SentShare.of(ids, [Float32Codec().encode(control[cid]) for cid in ids])
+                values = [control[cid] for cid in ids]
+                if all(v.shape == values[0].shape for v in values):  # the share's messages in bulk
+                    sent, _ = Float32Codec().encode_rows(torch.stack(values), client_ids=ids)
+                else:
+                    sent = SentShare.of(ids, [Float32Codec().encode(v) for v in values])
                 for cb in rnd.callbacks:
                     cb.on_share_control(module.trainer, module, rnd.round_idx, direction, sent)
         if module.aggregation == "normalised":  # every member that computed, chosen, lost or not
