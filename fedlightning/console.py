@@ -3,9 +3,11 @@
 * :class:`RoundProgressBar` shows ``round k/R · val acc 0.9167 · uplink 4,617,600 bits``: rounds
   and bits as integers, the validation score of the latest evaluation, and no validation,
   test or sanity-check bars (a round's evaluation is part of the round).
-* :func:`quiet_lightning` makes Lightning's log lines appear once (under Hydra, the root
-  logger already prints them, and Lightning's own handler would print each again) and drops
-  the notices that say nothing about the run, matched by their message only.
+* :func:`quiet_lightning` makes Lightning's log lines appear once, through the root logger
+  (under Hydra: the console and the job's ``cli.log``), drops the notices that say nothing
+  about the run, and keeps the device and stopping notices out of the console (``cli.log``
+  still has them); all matched by their message only.
+* :func:`compressor_text` says which compressor a run uses, by its config choice, with ω and δ.
 """
 
 from __future__ import annotations
@@ -13,17 +15,29 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, TQDMProgressBar
 from typing_extensions import override
+
+if TYPE_CHECKING:
+    from fedlightning.federated.channel import ChannelMetadata
 
 #: Lightning log messages that say nothing about the run (matched by their beginning).
 SILENCED_MESSAGES = (
     "💡 Tip: For seamless cloud logging",  # an advertisement for another logger
     "`Trainer(val_check_interval=",  # says "every batch"; a run's batch is one round
 )
+#: Lightning notices kept out of the console (matched by their beginning): the run's ``cli.log`` keeps them.
+CONSOLE_SILENCED_MESSAGES = (
+    "GPU available: ",  # the devices: the run uses the configured accelerator or stops saying why
+    "TPU available: ",
+    "LOCAL_RANK: ",  # the visible CUDA devices
+    "`Trainer.fit` stopped: `max_steps=",  # the configured number of rounds ran (the bar says so)
+)
+#: Lightning's loggers; each prints through its own handler when imported before logging is set up.
+LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 #: Warnings from library internals that the user cannot act on (regular expressions).
 SILENCED_WARNINGS = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning's pytree helper on torch >= 2.9
@@ -36,28 +50,87 @@ class _DropMessages(logging.Filter):
         return not any(message.startswith(prefix) for prefix in SILENCED_MESSAGES)
 
 
+class _KeepOffConsole(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("lightning"):
+            return True
+        message = record.getMessage()
+        return not any(message.startswith(prefix) for prefix in CONSOLE_SILENCED_MESSAGES)
+
+
 _FILTER = _DropMessages()
+_CONSOLE_FILTER = _KeepOffConsole()
 
 
 def quiet_lightning() -> None:
     """Print each Lightning log line once and silence :data:`SILENCED_MESSAGES`/:data:`SILENCED_WARNINGS`.
 
-    Idempotent. When the root logger has handlers (Hydra's job logging, which also writes the
-    job's log file), Lightning's own console handler on the ``lightning`` logger is removed,
-    so each record is printed once, by the root logger; without root handlers Lightning keeps
-    printing its lines itself.
+    Idempotent. When the root logger has handlers (Hydra's job logging: the console and the
+    job's ``cli.log``), Lightning's own console handlers (``lightning``, ``lightning.pytorch``
+    and ``lightning.fabric``, the latter two not propagating) are removed and its records
+    propagate to the root logger, which prints each once and writes it to the log file; the
+    console handler then leaves out :data:`CONSOLE_SILENCED_MESSAGES`. Without root handlers
+    Lightning keeps printing its lines itself, less those notices.
     """
-    lightning_logger = logging.getLogger("lightning")
-    if logging.getLogger().handlers:
-        for handler in list(lightning_logger.handlers):
-            if type(handler) is logging.StreamHandler:
-                lightning_logger.removeHandler(handler)
+    stream = logging.StreamHandler  # exactly: a FileHandler (a subclass) is not a console
+    root = logging.getLogger()
+    if root.handlers:
+        for name in LIGHTNING_LOGGERS:
+            logger = logging.getLogger(name)
+            for handler in list(logger.handlers):
+                if type(handler) is stream:
+                    logger.removeHandler(handler)
+            logger.propagate = True
+        consoles = [handler for handler in root.handlers if type(handler) is stream]
+    else:
+        consoles = [h for name in LIGHTNING_LOGGERS for h in logging.getLogger(name).handlers if type(h) is stream]
+    for handler in consoles:
+        if _CONSOLE_FILTER not in handler.filters:
+            handler.addFilter(_CONSOLE_FILTER)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
     for message in SILENCED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
+
+
+def number_text(value: float) -> str:
+    """ω or δ as a reader says it: four significant digits, thousands separated, no exponent.
+
+    >>> number_text(106.67690764980105), number_text(4.0), number_text(266610.0), number_text(0.0123456)
+    ('106.7', '4', '266,610', '0.01235')
+    """
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def compressor_text(*, group: str, choice: str, metadata: ChannelMetadata) -> str:
+    """The line naming a run's compressor of ``group`` (``compressor`` or ``downlink``) by its config choice.
+
+    ω is the variance bound of an unbiased operator and δ its contraction (thesis arXiv
+    2207.00392, §1.6), both for the ``metadata.dim``-vector the channel compresses.
+
+    >>> from fedlightning.federated.channel import ChannelMetadata
+    >>> meta = ChannelMetadata(name="top_k(0.01)/layerwise", unbiased=False, omega=None,
+    ...                        delta=106.67690764980105, error_feedback=True, dim=4810)
+    >>> compressor_text(group="compressor", choice="top_k_ef", metadata=meta)
+    'Uplink compressor: compressor=top_k_ef (top_k(0.01) per layer, 4,810 entries, error feedback; biased, δ = 106.7)'
+    >>> meta = ChannelMetadata(name="qsgd(p=2,s=16)", unbiased=True, omega=4.0, delta=5.0, error_feedback=False, dim=7)
+    >>> compressor_text(group="downlink", choice="qsgd", metadata=meta)
+    'Downlink compressor: downlink=qsgd (qsgd(p=2,s=16), 7 entries; unbiased, ω = 4, δ = 5)'
+    """
+    direction = "Uplink" if group == "compressor" else "Downlink"
+    name = metadata.name
+    if name.endswith("/layerwise"):
+        name = name.removesuffix("/layerwise") + " per layer"
+    memory = ", error feedback" if metadata.error_feedback else ""
+    if metadata.unbiased and metadata.omega is not None:
+        bounds = f"unbiased, ω = {number_text(metadata.omega)}, δ = {number_text(metadata.delta)}"
+    else:
+        bounds = f"biased, δ = {number_text(metadata.delta)}"
+    return f"{direction} compressor: {group}={choice} ({name}, {metadata.dim:,} entries{memory}; {bounds})"
 
 
 def progress_text(*, score_name: str, score: float | None, uplink_bits: int | None) -> str:

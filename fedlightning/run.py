@@ -26,10 +26,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.callbacks.bits_accuracy import BitsVsAccuracy, curve_title
+from fedlightning.callbacks.compression import DownlinkCompression, UplinkCompression
 from fedlightning.callbacks.declared import declared_callbacks
 from fedlightning.callbacks.early_stopping import early_stopping_callback
 from fedlightning.checkpointing import AtomicCheckpointIO, RoundCheckpoint, scalar_metrics
-from fedlightning.console import RoundProgressBar, quiet_lightning, result_text
+from fedlightning.console import RoundProgressBar, compressor_text, quiet_lightning, result_text
 from fedlightning.errors import ConfigError, FedLightningError
 from fedlightning.federated.channel import IncompatiblePayloadError
 from fedlightning.federated.rng import SERVER, stream_seed
@@ -249,6 +250,9 @@ def _run(
         if node and "_target_" in node:
             callback = _build(node, group)
             attach_compressor(callback, module, group, choices=choices)  # refuses a payload it does not take, now
+            if isinstance(callback, (UplinkCompression, DownlinkCompression)) and callback.log_metadata:
+                metadata = callback.channel(module).metadata(module.uplink_numel)
+                log.info("%s", compressor_text(group=group, choice=choice(cfg, choices, group), metadata=metadata))
             callbacks.append(callback)
     if early_stopping is not None:
         callbacks.append(early_stopping)

@@ -17,6 +17,9 @@ from fedlightning.run import run
 
 from .conftest import REPO_ROOT
 
+#: Lightning's device and stopping notices, which the console leaves to ``cli.log``.
+LIGHTNING_NOTICES = ("GPU available", "TPU available", "max_steps=")
+
 
 def test_default_command_prints_under_40_lines_each_once_with_one_round_bar(tmp_path: Path) -> None:
     # The default job with fewer rounds: the bar redraws in place (carriage returns), so the
@@ -42,7 +45,30 @@ def test_default_command_prints_under_40_lines_each_once_with_one_round_bar(tmp_
     text = "\n".join(lines)
     for noise in ("Validation", "Epoch 0", "Testing", "litlogger", "LeafSpec", "_target_:", "INFO: "):
         assert noise not in text, noise
+    for notice in (*LIGHTNING_NOTICES, "ChannelMetadata("):
+        assert notice not in text, notice
     assert "_target_: fedlightning.methods.FedAvg" in (tmp_path / "config.yaml").read_text()
+
+
+def test_a_compressed_run_prints_no_lightning_notice_and_names_its_compressor_by_its_config_choice(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+    command = [sys.executable, "-m", "fedlightning.cli", "rounds=2", "compressor=top_k_ef", f"hydra.run.dir={tmp_path}"]
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, timeout=300, check=False)
+    output = (done.stdout + done.stderr).decode()
+    assert done.returncode == 0, output[-3000:]
+    for noise in (*LIGHTNING_NOTICES, "ChannelMetadata("):
+        assert noise not in output, noise
+    [line] = [line for line in output.splitlines() if "Uplink compressor: " in line]
+    assert line.endswith(
+        "Uplink compressor: compressor=top_k_ef (top_k(0.01,int8) per layer, 4,810 entries, error feedback; "
+        "biased, δ = 106.7)"
+    )
+    # The notices are not lost: the run folder's log keeps them, each once.
+    log_text = (tmp_path / "cli.log").read_text()
+    for notice in ("GPU available: ", "TPU available: ", "`Trainer.fit` stopped: `max_steps=2` reached."):
+        assert log_text.count(notice) == 1, notice
 
 
 def test_print_config_prints_the_resolved_config(

@@ -218,7 +218,7 @@ class _CompressionCallback(FederatedCallback):
             self.compressor, error_feedback=self.error_feedback, granularity=self.granularity, block_sizes=sizes
         )
         if self.log_metadata:
-            log.info("%s compression: %s", self.direction, channel.metadata(module.uplink_numel))
+            log.debug("%s compression: %s", self.direction, channel.metadata(module.uplink_numel))
 
     def _refuse_a_top_k_that_keeps_everything(self, module: Any, sizes: list[int]) -> None:
         """Refuse a top-k whose ``k`` (or fraction) keeps every coordinate of every block it is applied to.
@@ -260,7 +260,8 @@ class UplinkCompression(_CompressionCallback):
         compressor: the operator (see :mod:`fedlightning.compression`).
         error_feedback: add and update the client's memory e_i (for biased operators).
         granularity: ``"layer"`` (per parameter tensor, default) or ``"model"``.
-        log_metadata: log ω, δ and unbiasedness when attached.
+        log_metadata: log ω, δ and unbiasedness when attached (:func:`fedlightning.run.run` names the
+            config choice; :func:`fedlightning.console.compressor_text`).
     """
 
     direction = "uplink"
@@ -274,7 +275,8 @@ class DownlinkCompression(_CompressionCallback):
         scheme: ``"aggregate"`` (Algorithm 1, the compressed aggregate step, no memory) or
             ``"replica"`` (``C(x − x̂)`` against the clients' replica).
         granularity: ``"layer"`` or ``"model"``.
-        log_metadata: log ω, δ and unbiasedness when attached.
+        log_metadata: log ω, δ and unbiasedness when attached (:func:`fedlightning.run.run` names the
+            config choice; :func:`fedlightning.console.compressor_text`).
     """
 
     direction = "downlink"
