@@ -197,6 +197,18 @@ RUN_CASES = {
             "downlink=none",
         ],
     ),
+    "infinite heterogeneity of the synthetic clients": (
+        ["data=synthetic_regression", "partition=iid", "model=mlp", "data.heterogeneity=inf"],
+        ["data.heterogeneity must be a finite number >= 0 (got inf)", "features and targets infinite"],
+    ),
+    "synthetic noise beyond float32": (
+        ["data=synthetic_regression", "partition=iid", "model=mlp", "data.snr=1e-80"],
+        ["synthetic_regression's training targets are not all finite (inf or nan)", "check data.heterogeneity and"],
+    ),
+    "infinite scale of the synthetic logistic weights": (
+        ["data=synthetic_logistic", "model=logistic", "data.scale=inf"],
+        ["data.scale must be a finite number >= 0 (got inf)"],
+    ),
     "optimal sampling that samples nothing": (
         ["sampler=ocs", "clients_per_round=10"],
         ["sampler=ocs expects clients_per_round=10 uploaders out of a 10-client cohort", "lower clients_per_round"],
@@ -322,3 +334,39 @@ def test_cli_exits_1_with_the_sentence_as_its_last_line(
     if (tmp_path / "run").exists():  # the job started (its config composed): its folder keeps the record
         assert (tmp_path / "run" / "error.txt").read_text().startswith(last.removeprefix("fedlightning: error: "))
         assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"
+
+
+def test_loaded_features_that_are_not_finite_stop_setup_naming_the_data_set_and_its_files(tmp_path: Path) -> None:
+    from fedlightning.datamodules import DigitsDataModule
+
+    class InfiniteDigits(DigitsDataModule):
+        name = "digits_with_an_inf"
+
+        def _load(self) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+            (x, y), test = super()._load()
+            x = x.float().clone()
+            x.view(-1)[5] = float("inf")
+            return (x, y), test
+
+    with pytest.raises(ValueError) as info:
+        InfiniteDigits(root=str(tmp_path)).setup("fit")
+    _assert_one_sentence(
+        str(info.value),
+        ["digits_with_an_inf's training features are not all finite (inf or nan)", f"data.root={tmp_path}"],
+    )
+
+
+def test_a_loss_that_is_not_finite_before_any_step_is_blamed_on_the_data_not_the_learning_rate(
+    composer: Composer, tmp_path: Path
+) -> None:
+    # Finite float32 features and targets around 1e20, whose squared error overflows float32.
+    overrides = ["rounds=2", "data=synthetic_regression", "partition=iid", "model=mlp", "data.heterogeneity=1e20"]
+    with pytest.raises(FedLightningError) as info:
+        run(composer(overrides), tmp_path)
+    sentence = str(info.value)
+    _assert_one_sentence(
+        sentence,
+        ["the model's loss was non-finite before any step", "synthetic_regression's features or targets"],
+    )
+    assert "learning rate is not the cause" in sentence and "client_optimizer.lr" not in sentence
+    assert not (tmp_path / "summary.json").exists()

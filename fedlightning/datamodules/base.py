@@ -249,7 +249,15 @@ class FederatedDataModule(L.LightningDataModule):
         if self._train is not None:
             return
         (x, y), test = self._load()
-        x, y = self._cast(x), y.long()
+        x = self._cast(x)
+        self.refuse_nonfinite(
+            f"its files (data.root={self.root})",
+            training_features=x,
+            training_targets=y,
+            test_features=test[0],
+            test_targets=test[1],
+        )
+        y = y.long()
         num_dataset, origin = self._dataset_rows or (len(y), np.arange(len(y), dtype=np.int64))
         origin = np.asarray(origin, dtype=np.int64)
         saved = self._read_partition(Path(self.partition_file)) if self.partition_file else None
@@ -320,6 +328,27 @@ class FederatedDataModule(L.LightningDataModule):
         self._train = (x.index_select(0, rows), y.index_select(0, rows))
         del x, y
         self._log_summary()
+
+    def refuse_nonfinite(self, source: str, **parts: Tensor) -> None:
+        """Stop with one sentence when a floating tensor of ``parts`` holds an ``inf`` or ``nan``.
+
+        No model fits such data, and training would report it later as a non-finite loss.
+        ``source`` says where the data come from (the settings or files to check).
+
+        >>> from fedlightning.datamodules import DigitsDataModule
+        >>> DigitsDataModule().refuse_nonfinite("data.x", training_targets=torch.tensor([0.5, float("inf")]))
+        Traceback (most recent call last):
+        ...
+        ValueError: digits's training targets are not all finite (inf or nan), which no model can fit; check data.x.
+        """
+        for what, tensor in parts.items():
+            if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum())):
+                continue  # a finite sum has finite terms (one cheap reduction)
+            if not bool(torch.isfinite(tensor).all()):  # the sum may overflow with finite terms: look at each
+                raise ValueError(
+                    f"{self.name}'s {what.replace('_', ' ')} are not all finite (inf or nan), which no model can "
+                    f"fit; check {source}."
+                )
 
     # -- per-client API -----------------------------------------------------------------
 

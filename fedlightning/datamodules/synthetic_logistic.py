@@ -14,6 +14,7 @@ DIANA does not). Fully determined by ``seed``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -34,6 +35,8 @@ class SyntheticLogisticDataModule(FederatedDataModule):
     def __init__(self, *, num_samples: int = 2000, dim: int = 20, scale: float = 3.0, **kwargs: Any) -> None:
         if num_samples < 2 or dim < 1:
             raise ValueError(f"data.num_samples must be >= 2 and data.dim >= 1 (got {num_samples}, {dim}).")
+        if not 0 <= scale < math.inf:
+            raise ValueError(f"data.scale must be a finite number >= 0 (got {scale}): it scales the true weights.")
         self.num_samples = int(num_samples)
         self.dim = int(dim)
         self.scale = float(scale)

@@ -20,6 +20,7 @@ IID one (``partition=iid``); client skew comes from ``data.heterogeneity``.
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import torch
@@ -119,9 +120,12 @@ class SyntheticRegressionDataModule(FederatedDataModule):
             )
         if not 0 < sparsity <= num_features:
             raise ValueError(f"data.sparsity must be in [1, data.num_features] (got {sparsity}).")
-        if samples_per_parameter <= 0 or snr <= 0 or heterogeneity < 0 or num_test < 1:
+        if not (samples_per_parameter > 0 and snr > 0 and num_test >= 1):  # written so that nan fails
+            raise ValueError("data.samples_per_parameter and data.snr must be > 0 and data.num_test >= 1.")
+        if not 0 <= heterogeneity < math.inf:
             raise ValueError(
-                "data.samples_per_parameter and data.snr must be > 0, data.heterogeneity >= 0, data.num_test >= 1."
+                f"data.heterogeneity must be a finite number >= 0 (got {heterogeneity}): it is the spread of the "
+                "client feature means, and an infinite one makes the features and targets infinite."
             )
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.num_features = int(num_features)
@@ -155,9 +159,12 @@ class SyntheticRegressionDataModule(FederatedDataModule):
             rng=rng,
         )
         f32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))  # noqa: E731
-        x = f32(np.concatenate(data["clients_x"]))  # type: ignore[arg-type]
-        y = f32(np.concatenate(data["clients_y"]))  # type: ignore[arg-type]
-        tx, ty = f32(data["test_x"]), f32(data["test_y"])
+        with np.errstate(over="ignore"):  # a value beyond float32 is refused just below, in one sentence
+            x = f32(np.concatenate(data["clients_x"]))  # type: ignore[arg-type]
+            y = f32(np.concatenate(data["clients_y"]))  # type: ignore[arg-type]
+            tx, ty = f32(data["test_x"]), f32(data["test_y"])
+        settings = "data.heterogeneity and data.snr (extreme values overflow float32)"
+        self.refuse_nonfinite(settings, training_features=x, training_targets=y, test_features=tx, test_targets=ty)
         self._test = (tx[n_val:].contiguous(), ty[n_val:].contiguous())
         self._val = (tx[:n_val].contiguous(), ty[:n_val].contiguous()) if n_val else None
         offsets = np.cumsum([0, *sizes])

@@ -18,7 +18,9 @@ The round engine (:class:`~fedlightning.federated.module.FederatedModule`) check
 
 Stopping raises :class:`DivergenceError`, whose message names the likely key: the client
 learning rate (or ``method.max_grad_norm``) when clients diverged, the server learning rate
-when the global model diverged after a server-optimiser step.
+when the global model diverged after a server-optimiser step, and the data when the received
+model's loss is non-finite before any step (no learning rate has acted yet; see
+:func:`data_fix`).
 
 A quarantined client is treated as a dropped upload: it received the broadcast (counted) and
 trained, but contributes neither to the sums nor to the total weight, so the normalised
@@ -149,6 +151,15 @@ def divergence_fix(module: FederatedModule, side: Literal["clients", "server"]) 
     return f"lower the client learning rate (method.client_optimizer.lr){client_lr} or {clip}"
 
 
+def data_fix(module: FederatedModule) -> str:
+    """The end of a sentence blaming the data: a loss non-finite before any step is not the learning rate's doing."""
+    name = getattr(getattr(module, "datamodule", None), "name", None) or "the data set"
+    return (
+        "the model's loss was non-finite before any step, so the learning rate is not the cause: "
+        f"{name}'s features or targets are not finite or too large for float32; check its data.* settings or files"
+    )
+
+
 def check_server_state(module: FederatedModule, round_idx: int) -> None:
     """Stop when the server state is non-finite after the server step (one reduction)."""
     total = torch.stack([p.detach().sum() for p in module.server_parameters()]).sum()
@@ -209,6 +220,13 @@ class DivergenceWatch:
         round_idx, loss_sum = rnd.round_idx, float(rnd.stats[LOSS])
         module, policy = self.module, self.module.divergence
         self.quarantined_total += quarantined
+        # A first-step loss (round 0, before any step) that is already non-finite is the data's fault.
+        start_sum, start_count = float(rnd.stats[START_SUM]), float(rnd.stats[START_COUNT])
+        data_at_fault = bool(start_count) and not math.isfinite(start_sum)
+
+        def fix() -> str:  # built only when the run stops (divergence_fix probes the optimiser factory)
+            return data_fix(module) if data_at_fault else divergence_fix(module, "clients")
+
         if quarantined and (policy.on_nonfinite_client == "stop" or trained == 0):
             first = min(module._gather_ids(rnd.quarantined))
             if trained == 0 and quarantined > 1:
@@ -217,7 +235,7 @@ class DivergenceWatch:
                 who = f"Client {first} and {quarantined - 1} other client(s) produced non-finite updates"
             else:
                 who = f"Client {first} produced a non-finite update"
-            raise DivergenceError(f"{who} in round {round_idx + 1}; {divergence_fix(module, 'clients')}.")
+            raise DivergenceError(f"{who} in round {round_idx + 1}; {fix()}.")
         if self.start_loss is None and trained and round_idx == 0:
             count = float(rnd.stats[START_COUNT])
             start = float(rnd.stats[START_SUM]) / count if count else loss_sum / trained
@@ -228,21 +246,23 @@ class DivergenceWatch:
                 raise DivergenceError(
                     f"Training diverged in round {round_idx + 1}: the clients' mean loss is {loss:.4g} "
                     f"against {self.start_loss or float('nan'):.4g} at the start (divergence.max_loss_ratio="
-                    f"{policy.max_loss_ratio:g}); {divergence_fix(module, 'clients')}."
+                    f"{policy.max_loss_ratio:g}); {fix()}."
                 )
         if not bool(torch.isfinite(rnd.aggregator.sums.sum())):
-            raise DivergenceError(
-                f"The aggregate of round {round_idx + 1} is non-finite; {divergence_fix(module, 'clients')}."
-            )
+            raise DivergenceError(f"The aggregate of round {round_idx + 1} is non-finite; {fix()}.")
 
     def check_global_loss(self, what: str, loss: float) -> None:
         """Stop when the global model's held-out loss is non-finite or exploded."""
         module = self.module
         if exploded(loss=loss, start=self.start_loss, max_ratio=module.divergence.max_loss_ratio):
             start = "" if self.start_loss is None else f" against {self.start_loss:.4g} at the start"
-            when = f"after round {module.global_step}" if module.global_step else "before training"
+            if not module.global_step:  # the initial model: no step has been taken
+                raise DivergenceError(
+                    f"Training stopped before it began: the global model's {what} loss is "
+                    f"{loss:.4g}; {data_fix(module)}."
+                )
             raise DivergenceError(
-                f"Training diverged {when}: the global model's {what} loss is "
+                f"Training diverged after round {module.global_step}: the global model's {what} loss is "
                 f"{loss:.4g}{start}; {divergence_fix(module, 'server')}."
             )
 
