@@ -15,14 +15,23 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import lightning as L
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, TQDMProgressBar
 from typing_extensions import override
 
-if TYPE_CHECKING:
-    from fedlightning.federated.channel import ChannelMetadata
+
+class ChannelBounds(Protocol):
+    """What :func:`compressor_text` reads of a channel (a ``fedlightning.federated.channel.ChannelMetadata``)."""
+
+    name: str
+    unbiased: bool
+    omega: float | None
+    delta: float
+    error_feedback: bool
+    dim: int
+
 
 #: Lightning log messages that say nothing about the run (matched by their beginning).
 SILENCED_MESSAGES = (
@@ -106,7 +115,7 @@ def number_text(value: float) -> str:
     return f"{value:.4g}"
 
 
-def compressor_text(*, group: str, choice: str, metadata: ChannelMetadata) -> str:
+def compressor_text(*, group: str, choice: str, metadata: ChannelBounds) -> str:
     """The line naming a run's compressor of ``group`` (``compressor`` or ``downlink``) by its config choice.
 
     ω is the variance bound of an unbiased operator and δ its contraction (thesis arXiv
