@@ -25,12 +25,18 @@ from typing_extensions import override
 class ChannelBounds(Protocol):
     """What :func:`compressor_text` reads of a channel (a ``fedlightning.federated.channel.ChannelMetadata``)."""
 
-    name: str
-    unbiased: bool
-    omega: float | None
-    delta: float
-    error_feedback: bool
-    dim: int
+    @property
+    def name(self) -> str: ...
+    @property
+    def unbiased(self) -> bool: ...
+    @property
+    def omega(self) -> float | None: ...
+    @property
+    def delta(self) -> float: ...
+    @property
+    def error_feedback(self) -> bool: ...
+    @property
+    def dim(self) -> int: ...
 
 
 #: Lightning log messages that say nothing about the run (matched by their beginning).
