@@ -84,23 +84,13 @@ class CommunicationAccountant(FederatedCallback):
     def on_client_downlink(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
     ) -> None:
-        counts = self._round
-        counts[_DOWN_BITS] += message.num_bits
-        counts[_DOWN_MSGS] += 1
-        self._round_per_client[client_id, DOWN] += message.num_bits
-        if self.records_path is not None:
-            self._rows.append(self._row(module, round_idx, client_id, "down", message, "payload"))
+        self._count(module, round_idx, [client_id], [message.num_bits], [message.codec.name], DOWN, "payload")
 
     @override
     def on_client_upload(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, client_id: int, message: Message
     ) -> None:
-        counts = self._round
-        counts[_UP_BITS] += message.num_bits
-        counts[_UP_MSGS] += 1
-        self._round_per_client[client_id, UP] += message.num_bits
-        if self.records_path is not None:
-            self._rows.append(self._row(module, round_idx, client_id, "up", message, "payload"))
+        self._count(module, round_idx, [client_id], [message.num_bits], [message.codec.name], UP, "payload")
 
     @override
     def on_control_message(
@@ -112,54 +102,57 @@ class CommunicationAccountant(FederatedCallback):
         direction: Direction,
         message: Message,
     ) -> None:
-        up = direction == "up"
-        self._round[_UP_BITS if up else _DOWN_BITS] += message.num_bits
-        self._round[_UP_CONTROL if up else _DOWN_CONTROL] += message.num_bits
-        self._round_per_client[client_id, UP if up else DOWN] += message.num_bits
-        if self.records_path is not None:
-            self._rows.append(self._row(module, round_idx, client_id, direction, message, "control"))
+        side = UP if direction == "up" else DOWN
+        self._count(module, round_idx, [client_id], [message.num_bits], [message.codec.name], side, "control")
 
     @override
     def on_share_downlink(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, sent: SentShare) -> None:
-        self._count_share(module, round_idx, sent, DOWN, "payload")
+        self._count(module, round_idx, sent.client_ids, sent.num_bits, sent.codec_names, DOWN, "payload")
 
     @override
     def on_share_upload(self, trainer: L.Trainer, module: FederatedModule, round_idx: int, sent: SentShare) -> None:
-        self._count_share(module, round_idx, sent, UP, "payload")
+        self._count(module, round_idx, sent.client_ids, sent.num_bits, sent.codec_names, UP, "payload")
 
     @override
     def on_share_control(
         self, trainer: L.Trainer, module: FederatedModule, round_idx: int, direction: Direction, sent: SentShare
     ) -> None:
-        self._count_share(module, round_idx, sent, UP if direction == "up" else DOWN, "control")
+        side = UP if direction == "up" else DOWN
+        self._count(module, round_idx, sent.client_ids, sent.num_bits, sent.codec_names, side, "control")
 
-    def _count_share(self, module: FederatedModule, round_idx: int, sent: SentShare, side: int, kind: str) -> None:
-        """A share's messages, counted and recorded as the per-client hooks would, without building them."""
-        bits = sum(sent.num_bits)
+    def _count(
+        self,
+        module: FederatedModule,
+        round_idx: int,
+        client_ids: list[int],
+        num_bits: list[int],
+        codecs: list[str],
+        side: int,
+        kind: str,
+    ) -> None:
+        """Count (and record) messages of ``side`` (UP or DOWN); ``kind`` is ``payload`` or ``control``.
+
+        A control message's bits count in its direction's total and in the control total, not as a
+        payload message.
+        """
+        bits = sum(num_bits)
         counts = self._round
         counts[_UP_BITS if side == UP else _DOWN_BITS] += bits
         if kind == "control":
             counts[_UP_CONTROL if side == UP else _DOWN_CONTROL] += bits
         else:
-            counts[_UP_MSGS if side == UP else _DOWN_MSGS] += len(sent)
+            counts[_UP_MSGS if side == UP else _DOWN_MSGS] += len(client_ids)
         per_client = self._round_per_client
-        for client_id, n in zip(sent.client_ids, sent.num_bits, strict=True):
+        for client_id, n in zip(client_ids, num_bits, strict=True):
             per_client[client_id, side] += n
         if self.records_path is not None:
             direction = "up" if side == UP else "down"
             probability = module.inclusion_probability
+            # The engine's round_idx counts from 0; every file counts rounds from 1.
             self._rows.extend(
                 (round_idx + 1, client_id, direction, n, codec, kind, probability(client_id))
-                for client_id, n, codec in zip(sent.client_ids, sent.num_bits, sent.codec_names, strict=True)
+                for client_id, n, codec in zip(client_ids, num_bits, codecs, strict=True)
             )
-
-    @staticmethod
-    def _row(
-        module: FederatedModule, round_idx: int, client_id: int, direction: str, message: Message, kind: str
-    ) -> tuple[int, int, str, int, str, str, float]:
-        probability = module.inclusion_probability(client_id)
-        # The engine's round_idx counts from 0; every file counts rounds from 1.
-        return (round_idx + 1, client_id, direction, message.num_bits, message.codec.name, kind, probability)
 
     @override
     def on_round_end(
