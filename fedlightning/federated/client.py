@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import torch
 from torch import Tensor, nn
 
-from fedlightning.federated.batches import Schedule, batch_schedule, local_batches
+from fedlightning.federated.batches import Schedule, batch_schedule
 from fedlightning.federated.local import ClientResult, ClientRunner, LocalProgram, LocalTraining, overrides
 from fedlightning.federated.params import assign_flat_, flat_difference, unflatten_like
 from fedlightning.federated.rng import torch_generator
@@ -179,37 +179,37 @@ class ClientWork(RoundContext):
         device = self.device
         if device.type == "cpu" or not hasattr(self.datamodule, "train_tensors"):
             return None
-        cached = self.__dict__.get("_resident_data")
-        if cached is not None and cached[0].device == device:
-            return cached
-        if self.datamodule.client_span(0) is None:
-            return None
-        x, y = self.datamodule.train_tensors()
-        size = x.numel() * x.element_size() + y.numel() * y.element_size()
-        if device.type == "cuda" and size > torch.cuda.get_device_properties(device).total_memory // 4:
-            return None
-        resident = (x.to(device), y.to(device))
-        self.__dict__["_resident_data"] = resident  # not a registered buffer: never checkpointed
+        decided = self.__dict__.get("_resident_data")  # (device, the copy or None): decided once per device
+        if decided is not None and decided[0] == device:
+            return decided[1]
+        resident = None
+        if self.datamodule.client_span(0) is not None:
+            x, y = self.datamodule.train_tensors()
+            size = x.numel() * x.element_size() + y.numel() * y.element_size()
+            if device.type != "cuda" or size <= torch.cuda.get_device_properties(device).total_memory // 4:
+                resident = (x.to(device), y.to(device))
+        self.__dict__["_resident_data"] = (device, resident)  # not a registered buffer: never checkpointed
         return resident
 
     def client_batches(self, *, client_id: int, round_idx: int, num_samples: int) -> Iterable[Tensor]:
-        """Mini-batch indices of one client in one round, from its own random stream."""
-        return local_batches(
-            num_samples=num_samples,
-            batch_size=self.batch_size,
-            epochs=self.local_epochs,
-            steps=self.local_steps,
-            generator=self.generator(round_idx, client_id, "batches"),
-        )
+        """Mini-batch indices of one client in one round, from its own random stream.
+
+        The batches :func:`~fedlightning.federated.batches.local_batches` draws.
+        """
+        return self._own_schedule(client_id=client_id, round_idx=round_idx, num_samples=num_samples).batches()
 
     def client_schedule(self, *, client_id: int, round_idx: int, num_samples: int) -> Schedule:
         """:meth:`client_batches` as one :class:`~fedlightning.federated.batches.Schedule` (a share trained at once).
 
-        Built without a loop over batches from the same stream, unless a method gives its
-        clients batches of its own (then those batches, gathered).
+        Built without a loop over batches, unless a method gives its clients batches of its own
+        (then those batches, gathered).
         """
         if type(self).client_batches is not ClientWork.client_batches:
             return Schedule.of(self.client_batches(client_id=client_id, round_idx=round_idx, num_samples=num_samples))
+        return self._own_schedule(client_id=client_id, round_idx=round_idx, num_samples=num_samples)
+
+    def _own_schedule(self, *, client_id: int, round_idx: int, num_samples: int) -> Schedule:
+        """The engine's schedule: ``local_epochs`` passes (or ``local_steps`` steps) from the client's stream."""
         return batch_schedule(
             num_samples=num_samples,
             batch_size=self.batch_size,
