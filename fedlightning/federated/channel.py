@@ -84,19 +84,11 @@ class IncompatiblePayloadError(ConfigError):
     ) -> None:
         self.method, self.direction, self.payload = method, direction, payload
         self.compressor, self.accepts = compressor, accepts
-        super().__init__(self.sentence(fitting=None))
-
-    def sentence(self, *, fitting: list[str] | None) -> str:
-        """The refusal, ending with the configs that fit (``None``: not known here)."""
-        group = "compressor" if self.direction == "uplink" else "downlink"
-        takes = " and ".join(sorted(f"{p}s" for p in self.accepts)) or "nothing"
-        if fitting:
-            hint = f"use {group}=none (the method's own codec) or one of {group}={','.join(fitting)}"
-        else:
-            hint = f"use {group}=none (the method's own codec)"
-        return (
-            f"{self.method}'s {self.direction} payload ({self.payload}) is not one the {self.direction} compressor "
-            f"{self.compressor} compresses (it takes {takes}); {hint}."
+        group = "compressor" if direction == "uplink" else "downlink"
+        takes = " and ".join(sorted(f"{p}s" for p in accepts)) or "nothing"
+        super().__init__(
+            f"{method}'s {direction} payload ({payload}) is not one the {direction} compressor {compressor} "
+            f"compresses (it takes {takes}); use {group}=none (the method's own codec)."
         )
 
 
