@@ -24,6 +24,7 @@ from fedlightning.federated.aggregators import WeightedMean, fold_
 from fedlightning.federated.codecs import Float32Codec
 from fedlightning.federated.local import ResultRows, VectorisedRunner
 from fedlightning.federated.module import FederatedModule
+from fedlightning.federated.wire import WirePhases
 from fedlightning.run import run
 from tests.conftest import record_calls
 from tests.test_distributed import records, run_two_processes
@@ -46,11 +47,17 @@ def _run_both(make_config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             if path == "per_client":
                 patch.setitem(local.RUNNERS, "vectorised", _ClientByClient)
             rows_seen = record_calls(patch, ResultRows, "__post_init__")
+            bulk_shares = record_calls(patch, WirePhases, "_take_rows")
+            single_uploads = record_calls(patch, WirePhases, "_upload")
             steps = record_calls(patch, FederatedModule, "_server_step")
             folder = tmp_path / path
             cfg = make_config(["rounds=3", "local_execution=vectorised", "save_partition=false", *overrides])
             summary = run(cfg, folder)
         assert rows_seen  # the backend trained each share at once
+        if path == "bulk":  # one bulk share a round, no upload client by client
+            assert len(bulk_shares) == 3 and not single_uploads
+        else:
+            assert not bulk_shares and single_uploads
         with (folder / "comm_records.csv").open() as handle:
             records = list(csv.reader(handle))
         sums = [args[1].aggregator.sums.clone() for args, _ in steps]
