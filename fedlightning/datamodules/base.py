@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import inspect
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -39,9 +38,16 @@ from fedlightning.datamodules.partition import (
     grouped_holdout,
     partition_summary,
 )
+from fedlightning.datamodules.partition_files import (
+    PartitionRecord,
+    check_v1_partition,
+    read_partition_file,
+    rows_of_saved_split,
+    sorted_clients,
+    write_partition_file,
+)
 from fedlightning.datamodules.tensor_loader import tensor_loader
 from fedlightning.errors import FedLightningError
-from fedlightning.folder_lock import write_text_atomic
 
 __all__ = ["DataUnavailableError", "FederatedDataModule", "default_data_root", "subset_indices"]
 
@@ -53,10 +59,6 @@ Partitioner = Callable[..., Sequence[np.ndarray]]
 
 #: Frozen, hence safe to share as a default argument.
 DEFAULT_PARTITION = IIDPartition()
-
-#: Version of the file :meth:`FederatedDataModule.save_partition` writes (docs/datamodules.md).
-PARTITION_FORMAT_VERSION = 2
-PARTITION_FORMAT = "fedlightning.partition"
 
 
 class DataUnavailableError(FedLightningError, RuntimeError):
@@ -524,37 +526,31 @@ class FederatedDataModule(L.LightningDataModule):
 
         All indices are the data set's own: positions in its full training split as loaded,
         before any ``max_train_samples`` subset and the validation hold-out (format version 2,
-        described in docs/datamodules.md). Reload with ``partition_file=path``.
+        described in docs/datamodules.md and :mod:`fedlightning.datamodules.partition_files`).
+        Reload with ``partition_file=path``.
         """
-        path = Path(path)
-        if path.suffix == ".json":
-            write_text_atomic(path, json.dumps(self.partition_record()))
-        else:
-            mapped = self._client_dataset_indices()  # (sets the data module up first)
-            meta = self._partition_meta()
-            np.savez_compressed(
-                path,
-                indices=mapped,
-                offsets=self._parts.offsets,
-                validation=np.sort(self.val_dataset_index),
-                meta=np.array(json.dumps(meta)),
-            )
+        write_partition_file(Path(path), record=self._partition_record())
 
     def partition_record(self) -> dict[str, Any]:
         """What :meth:`save_partition` writes as JSON: the settings, ``validation`` and ``clients``."""
-        mapped = self._client_dataset_indices()  # (sets the data module up first)
-        flat, offsets = mapped.tolist(), self._parts.offsets.tolist()
-        clients = [flat[offsets[k] : offsets[k + 1]] for k in range(len(self._parts))]
-        validation = np.sort(self.val_dataset_index).tolist()
-        return {**self._partition_meta(), "validation": validation, "clients": clients}
+        return self._partition_record().to_json()
 
-    def _client_dataset_indices(self) -> np.ndarray:
-        """Data-set indices of every client's samples, client after client, sorted within each."""
+    def _partition_record(self) -> PartitionRecord:
+        """This module's split as a partition file records it (sets the data module up first)."""
         self._ensure_setup()
         parts = self._parts
-        owner = np.repeat(np.arange(len(parts)), parts.sizes)
-        mapped = self.train_dataset_index[parts.indices]
-        return mapped[np.lexsort((mapped, owner))]  # one vectorised sort
+        return PartitionRecord(
+            dataset=self.name,
+            num_dataset_samples=self._num_dataset_samples,
+            num_train_samples=self.num_train_samples,
+            num_clients=self.num_clients,
+            partition=self.partition_name,
+            seed=self.seed,
+            val_fraction=self.val_fraction,
+            max_train_samples=self.max_train_samples,
+            validation=np.sort(self.val_dataset_index),
+            clients=sorted_clients(self.train_dataset_index[parts.indices], parts.offsets),
+        )
 
     def labelled_split(self) -> tuple[np.ndarray, list[np.ndarray], str] | None:
         """The training labels, each client's indices into them and a title naming the split, for a figure.
@@ -579,93 +575,31 @@ class FederatedDataModule(L.LightningDataModule):
             return str(getattr(self, "_saved_partition_name", None) or "file")
         return str(getattr(self.partition, "name", type(self.partition).__name__))
 
-    def _partition_meta(self) -> dict[str, object]:
-        return {
-            "format": PARTITION_FORMAT,
-            "version": PARTITION_FORMAT_VERSION,
-            "dataset": self.name,
-            "index": "dataset",
-            "num_dataset_samples": self._num_dataset_samples,
-            "num_train_samples": self.num_train_samples,
-            "num_clients": self.num_clients,
-            "partition": self.partition_name,
-            "seed": self.seed,
-            "val_fraction": self.val_fraction,
-            "max_train_samples": self.max_train_samples,
-        }
-
     def _read_partition(self, path: Path) -> dict[str, Any]:
-        """Read a saved partition: its meta, ``version``, ``clients`` and (version 2) ``validation``."""
-        if not path.is_file():
-            raise FileNotFoundError(f"data.partition_file={path} does not exist; unset it or point it at a saved file.")
-        raw = load_partition_file(path)
-        version = raw.setdefault("version", 1)  # version 1 files carry no version
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise ValueError(
-                f"data.partition_file={path} has version {version!r}, not a format version (1 to "
-                f"{PARTITION_FORMAT_VERSION}); re-save the partition."
-            )
-        if version > PARTITION_FORMAT_VERSION:
-            raise ValueError(
-                f"data.partition_file={path} has format version {version}, newer than the versions 1 to "
-                f"{PARTITION_FORMAT_VERSION} this fedlightning reads; upgrade fedlightning or re-save the partition."
-            )
-        expected = {"dataset": self.name, "num_clients": self.num_clients}
-        if version >= 2:
-            expected |= {"val_fraction": self.val_fraction, "max_train_samples": self.max_train_samples}
-        self._refuse_mismatch(path, raw, expected, len(raw["clients"]) != self.num_clients)
-        empty = [k for k, c in enumerate(raw["clients"]) if c.size == 0]
-        if empty:
-            raise ValueError(
-                f"data.partition_file={path} gives client {empty[0]} no samples"
-                f"{f' ({len(empty)} clients are empty)' if len(empty) > 1 else ''}; every client needs at least "
-                "one sample: re-save the partition or give each client a sample."
-            )
-        raw["path"] = path
+        """Read a saved partition checked against this module's settings (see :func:`read_partition_file`)."""
+        raw = read_partition_file(
+            path,
+            dataset=self.name,
+            num_clients=self.num_clients,
+            val_fraction=self.val_fraction,
+            max_train_samples=self.max_train_samples,
+        )
         self._saved_partition_name = raw.get("partition")
         return raw
-
-    def _refuse_mismatch(self, path: Path, meta: dict[str, Any], expected: dict[str, Any], bad_count: bool) -> None:
-        diff = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
-        if diff or bad_count:
-            got = ", ".join(f"{k}={a} (this run: {b})" for k, (a, b) in diff.items())
-            raise ValueError(
-                f"data.partition_file={path} does not match this data set: {got or 'client count differs'}; "
-                "use the same data settings or unset data.partition_file to partition again."
-            )
 
     def _rows_of_saved_split(
         self, saved: dict[str, Any], origin: np.ndarray, num_dataset: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Rows (of the loaded, subset data) of a version-2 file's validation and client samples."""
+        rows = rows_of_saved_split(
+            saved,
+            origin=origin,
+            num_dataset=num_dataset,
+            seed=self.seed,
+            dataset=self.name,
+            data_depends_on_seed=self.data_depends_on_seed,
+        )
         path = saved["path"]
-        self._refuse_mismatch(path, saved, {"num_dataset_samples": num_dataset}, False)
-        row = np.full(num_dataset, -1, dtype=np.int64)
-        row[origin] = np.arange(origin.size)
-        val = saved.get("validation", np.empty(0, np.int64))
-        train = np.concatenate(saved["clients"]) if saved["clients"] else np.empty(0, np.int64)
-        both = np.concatenate([val, train])
-        if both.size and (both.min() < 0 or both.max() >= num_dataset):
-            raise ValueError(f"data.partition_file={path} holds indices outside [0, {num_dataset}); re-save it.")
-        if np.bincount(both, minlength=num_dataset).max(initial=1) > 1:
-            raise ValueError(f"data.partition_file={path} lists a sample twice (clients or validation); re-save it.")
-        if (row[both] < 0).any():
-            raise ValueError(
-                f"data.partition_file={path} uses samples this run does not train on (its test split or "
-                f"data.max_train_samples subset depends on seed={self.seed}; the file's seed was "
-                f"{saved.get('seed')}); use seed={saved.get('seed')}."
-            )
-        if both.size != origin.size:
-            raise ValueError(
-                f"data.partition_file={path} assigns {both.size} of the {origin.size} samples this run loads "
-                f"({origin.size - both.size} are in no client and not held out); every sample must be listed "
-                "exactly once: re-save the partition."
-            )
-        if saved.get("seed") != self.seed and self.data_depends_on_seed:
-            raise ValueError(
-                f"data={self.name} generates its samples from seed, so data.partition_file={path} (saved with "
-                f"seed={saved.get('seed')}) names other samples under seed={self.seed}; use seed={saved.get('seed')}."
-            )
         if saved.get("seed") != self.seed:
             log.info(
                 "%s: clients and hold-out from %s (saved with seed=%s); seed=%s seeds everything else.",
@@ -675,15 +609,13 @@ class FederatedDataModule(L.LightningDataModule):
                 self.seed,
             )
         log.info("Loaded partition of %d clients from %s", len(saved["clients"]), path)
-        return row[val], row[train]
+        return rows
 
     def _check_v1_partition(self, saved: dict[str, Any], num_train: int) -> list[np.ndarray]:
         """A version-1 file indexes the post-hold-out training set: all its settings must match."""
-        path = saved["path"]
-        expected = {"num_train_samples": num_train, "seed": self.seed, "val_fraction": self.val_fraction}
-        self._refuse_mismatch(path, saved, expected, False)
-        log.info("Loaded partition of %d clients from %s (format version 1)", len(saved["clients"]), path)
-        return list(saved["clients"])
+        parts = check_v1_partition(saved, num_train_samples=num_train, seed=self.seed, val_fraction=self.val_fraction)
+        log.info("Loaded partition of %d clients from %s (format version 1)", len(parts), saved["path"])
+        return parts
 
     # -- internals ----------------------------------------------------------------------
 
@@ -769,91 +701,6 @@ class FederatedDataModule(L.LightningDataModule):
             # The full table at INFO for small federations, at DEBUG otherwise (it can be long).
             level = logging.INFO if self.num_clients <= 20 else logging.DEBUG
             log.log(level, "%s partition:\n%s", self.name, "\n".join(lines))
-
-
-_RESAVE = "point it at a partition.json (or .npz) written by a run, or re-save the partition"
-INT64_MAX = np.iinfo(np.int64).max
-
-
-def load_partition_file(path: Path) -> dict[str, Any]:
-    """A saved partition's meta with ``clients`` (and ``validation``) as int64 index arrays.
-
-    ``.json`` as :meth:`FederatedDataModule.save_partition` writes it, else ``.npz`` (read without
-    pickles). Anything else (not JSON or ``.npz``, a torch ``.pt``, an index that is not a
-    non-negative integer below 2^63) is refused with one sentence naming the file.
-    """
-    where = f"data.partition_file={path}"
-    if path.suffix == ".json":
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            raise ValueError(f"{where} is not UTF-8 JSON text; {_RESAVE}.") from None
-        except ValueError as exc:
-            raise ValueError(f"{where} is not valid JSON ({exc}); {_RESAVE}.") from None
-        except OSError as exc:
-            raise ValueError(f"{where} cannot be read ({exc.strerror or type(exc).__name__}); {_RESAVE}.") from None
-        if not isinstance(raw, dict) or not isinstance(raw.get("clients"), list):
-            raise ValueError(f"{where} is not a partition file (no 'clients' list); {_RESAVE}.")
-        raw["clients"] = [_index_array(c, where, f"client {k}") for k, c in enumerate(raw["clients"])]
-        if "validation" in raw:
-            raw["validation"] = _index_array(raw["validation"], where, "validation")
-        return raw
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except Exception as exc:  # numpy raises many types for a file that is not an array archive
-        raise ValueError(
-            f"{where} is neither a .json partition nor a .npz archive numpy can read ({type(exc).__name__}: "
-            f"{str(exc)[:80]}); {_RESAVE}."
-        ) from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ValueError(f"{where} is a single .npy array, not a partition archive (.npz); {_RESAVE}.")
-    with loaded as z:
-        missing = [key for key in ("meta", "indices", "offsets") if key not in z.files]
-        if missing:
-            raise ValueError(
-                f"{where} has no '{missing[0]}' array (a torch .pt or another archive, not a saved partition); "
-                f"{_RESAVE}."
-            )
-        try:
-            raw = json.loads(str(z["meta"]))
-            indices = _index_array(z["indices"], where, "indices")
-            offsets = _index_array(z["offsets"], where, "offsets")
-            validation = _index_array(z["validation"], where, "validation") if "validation" in z.files else None
-        except ValueError as exc:
-            text = str(exc)
-            sentence = text if text.startswith(where) else f"{where} holds damaged arrays ({text}); {_RESAVE}."
-            raise ValueError(sentence) from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where} has meta that is not a JSON object; {_RESAVE}.")
-    ok = offsets.size >= 1 and offsets[0] == 0 and offsets[-1] == indices.size and (np.diff(offsets) >= 0).all()
-    if not ok:
-        raise ValueError(
-            f"{where} has offsets that do not cut its {indices.size} indices into clients (from 0, "
-            f"non-decreasing, to {indices.size}); {_RESAVE}."
-        )
-    raw["clients"] = np.split(indices, offsets[1:-1])
-    if validation is not None:
-        raw["validation"] = validation
-    return raw
-
-
-def _index_array(value: Any, where: str, what: str) -> np.ndarray:
-    """``value`` as an int64 array of sample indices; anything but integers in [0, 2^63) is one sentence."""
-    if isinstance(value, np.ndarray):
-        if value.ndim != 1 or value.dtype.kind not in "iu":
-            raise ValueError(f"{where} holds {what} as a {value.ndim}-d {value.dtype} array, not sample indices.")
-        values: list[int] = [int(value.min()), int(value.max())] if value.size else []
-    else:
-        items = value if isinstance(value, list) else [value]
-        bad = [v for v in items if not isinstance(v, int) or isinstance(v, bool)]
-        if bad or not isinstance(value, list):
-            shown = bad[0] if bad else value
-            raise ValueError(f"{where} lists {shown!r} in {what}, which is not a sample index (an integer); {_RESAVE}.")
-        values = items
-    if values and (min(values) < 0 or max(values) > INT64_MAX):
-        bad_index = min(values) if min(values) < 0 else max(values)
-        raise ValueError(f"{where} holds index {bad_index} in {what}, outside [0, 2^63); {_RESAVE}.")
-    return np.asarray(value, dtype=np.int64)
 
 
 def _check_partition_choice(partition: Partitioner | None, partition_file: str | None) -> None:
