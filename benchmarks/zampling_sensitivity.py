@@ -3,15 +3,16 @@
 Trains Local Zampling twice from the ``zampling_sensitivity`` experiment config (small_mlp,
 m/n = 1, d = 10): by sampling (``method.sampling=true``) and regularly on the expected
 network w = Q·p (``method.sampling=false``). At test time each run perturbs its final p
-``sensitivity_perturbations`` times inside C_τ for every τ (see
-:func:`fedlightning.methods.zampling.perturb_in_hypercube`) and logs
+``reports.zampling_evaluation.sensitivity_perturbations`` times inside C_τ for every τ (see
+:func:`fedlightning.callbacks.zampling_sensitivity.perturb_in_hypercube`) and logs
 ``test/sensitivity/<τ>/*``; this script prints the paper's table from the two summaries
 ("Regular": the regular run's expected network; "Sampled": the sampled run's mean of
 ``sensitivity_samples`` sampled networks; ± is the std over the perturbations).
 
     python benchmarks/zampling_sensitivity.py --data-root ../shared/data --seed 0
     python benchmarks/zampling_sensitivity.py --data-root ../shared/data --quick
-    python benchmarks/zampling_sensitivity.py --data-root ../shared/data method.sensitivity_region=complement
+    python benchmarks/zampling_sensitivity.py --data-root ../shared/data \
+        reports.zampling_evaluation.sensitivity_region=complement
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ one repetition to the next).
 Part 4 (``--s5 R``), the performance suite's S5 against S1 (R interleaved repetitions): S1 is
 FedAvg on mnistfc, 10 IID MNIST clients, 1 local epoch, batch 32, SGD lr 0.05, with a
 validation pass every round; S5 is Federated Zampling, m/n = 32, d = 10, at the same batch
-size, whose validation pass also scores ``val_samples`` (20) sampled networks, one by one
-(``eval_networks_per_forward=1``) or batched (10 per forward, the default). Each repetition
+size, whose validation pass also scores ``reports.zampling_evaluation.val_samples`` (20) sampled
+networks, one by one (``networks_per_forward=1``) or batched (10 per forward, the default). Each repetition
 times, for every candidate in turn, one round (training) and one validation pass; a round of
 S5 is training + its validation.
 
@@ -63,13 +63,14 @@ from typing import Any
 import lightning as L
 import torch
 
+from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation
 from fedlightning.datamodules import IIDPartition, MNISTDataModule
 from fedlightning.methods import FedAvg
 from fedlightning.methods import zampling as zampling_method
 from fedlightning.methods.zampling import Zampling, frozen_fraction
-from fedlightning.methods.zampling_estimators import probability_from_score
 from fedlightning.models import build_model
 from fedlightning.models.zampling import SparseQ, ZampledNetwork, ZampledWeights, row_fan_in, zampling_q
+from fedlightning.models.zampling_estimators import probability_from_score
 from fedlightning.sampling import FullParticipation
 
 PATHS: dict[str, dict[str, Any]] = {
@@ -295,10 +296,16 @@ def round_benchmark(data_root: str, rounds: int) -> dict[str, list[float]]:
     return out
 
 
-def _one_validation(module: L.LightningModule) -> float:
-    """Seconds of one validation pass of ``module`` (its expected network, and for the Zampling
-    family the sampled networks of :class:`~fedlightning.callbacks.zampling_evaluation.ZamplingEvaluation`)."""
-    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+def _one_validation(module: L.LightningModule, *reports: L.Callback) -> float:
+    """Seconds of one validation pass of ``module`` (its expected network, and with ``reports`` for the
+    Zampling family the sampled networks of :class:`~fedlightning.callbacks.zampling_evaluation.ZamplingEvaluation`)."""
+    trainer = L.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(reports),
+    )
     start = time.perf_counter()
     trainer.validate(module, verbose=False)
     return time.perf_counter() - start
@@ -321,7 +328,8 @@ def s5_benchmark(data_root: str, repetitions: int) -> dict[str, list[float]]:
     }
     s5 = modules["S5"]
     assert isinstance(s5, Zampling)
-    one_by_one = s5.evaluation.networks_per_forward
+    evaluation = ZamplingEvaluation()  # the defaults of reports.zampling_evaluation, as the runner attaches it
+    one_by_one = evaluation.networks_per_forward
     out: dict[str, list[float]] = {
         key: [] for key in ("S1_train", "S1_val", "S5_train", "S5_val_one_by_one", "S5_val_batched")
     }
@@ -330,9 +338,9 @@ def s5_benchmark(data_root: str, repetitions: int) -> dict[str, list[float]]:
         out["S1_val"].append(_one_validation(modules["S1"]))
         out["S5_train"].append(_one_round(s5))
         for label, per_forward in (("S5_val_one_by_one", 1), ("S5_val_batched", one_by_one)):
-            s5.evaluation.networks_per_forward = per_forward
-            out[label].append(_one_validation(s5))
-        s5.evaluation.networks_per_forward = one_by_one
+            evaluation.networks_per_forward = per_forward
+            out[label].append(_one_validation(s5, evaluation))
+        evaluation.networks_per_forward = one_by_one
     out["S5_frozen_fraction_after"] = [frozen_fraction(s5.p.detach())]
     return out
 

@@ -68,8 +68,6 @@ def time_backend(dm: MNISTDataModule, args: argparse.Namespace, backend: str) ->
         batch_size=args.batch,
         local_epochs=args.local_epochs,
         local_execution=backend,
-        val_samples=1,
-        test_samples=1,
     )
     timer = _RoundTimer(args.device)
     accelerator = "gpu" if args.device.startswith("cuda") else args.device

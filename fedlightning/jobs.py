@@ -124,10 +124,38 @@ def unknown_key_sentence(key: str, cause: BaseException) -> str:
     if match:  # a key the component takes that the config leaves at its default
         suggestion = f"{parent_path}.{match}{rest}"
         return f"{key} is not a key of the config (did you mean +{suggestion}=...?); {listing}."
+    elsewhere = paths_ending_in(_root(parent), leaf) if isinstance(parent, Mapping) else []
+    if elsewhere:  # the key lives in another node (e.g. a setting that moved)
+        return f"{key} is not a key of the config (did you mean {' or '.join(elsewhere)}?); {listing}."
     return (
         f"{key} is not a key of the config (a typo?); {listing}, "
         f"or add a new one with +{key}=... if its component takes it."
     )
+
+
+def paths_ending_in(node: Any, leaf: str, prefix: str = "") -> list[str]:
+    """The dotted paths of every key named ``leaf`` in a nested mapping, depth first.
+
+    >>> paths_ending_in({"method": {"lr": 1}, "reports": {"eval": {"test_samples": 3}}}, "test_samples")
+    ['reports.eval.test_samples']
+    """
+    found = []
+    for name, value in node.items() if isinstance(node, Mapping) else ():
+        path = f"{prefix}{name}"
+        if name == leaf:
+            found.append(path)
+        if isinstance(value, Mapping) and name != "hydra":
+            found.extend(paths_ending_in(value, leaf, f"{path}."))
+    return found
+
+
+def _root(node: Any) -> Any:
+    """The whole config an OmegaConf node belongs to, as plain containers (interpolations unresolved)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    get_root = getattr(node, "_get_root", None)
+    root = node if get_root is None else get_root()
+    return OmegaConf.to_container(root, resolve=False) if isinstance(root, DictConfig) else root
 
 
 def _timestamp() -> str:

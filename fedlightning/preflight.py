@@ -11,7 +11,10 @@ that names the config keys and the fix (:class:`~fedlightning.errors.ConfigError
   parameters), then put on a channel of the method's declared payload with the engine's own
   :meth:`fedlightning.federated.channel.Channel.attach`, so a method × compressor pair is
   decided by the code that would refuse it at fit start, not by a second table
-  (:func:`check_compression`). A refusal names the configs of the group that would fit.
+  (:func:`check_compression`). A refusal names the configs of the group that would fit;
+* the evaluation reports: a ``reports.<name>`` setting other than its default where the method
+  does not declare the report ``<name>`` (it would be ignored), and a value the report's
+  constructor refuses (:func:`check_reports`).
 
 The command (:func:`fedlightning.cli.main`) runs it on a plain run's config before Hydra makes
 the run folder; :func:`fedlightning.run.run` runs it again first thing (tests, notebooks and the
@@ -39,8 +42,10 @@ from fedlightning.schema import _locate, _parameters, close_match, refuse_unread
 
 __all__ = [
     "check_compression",
+    "check_reports",
     "check_trainer",
     "constructor_error",
+    "declaring_methods",
     "fitting_configs",
     "instantiation_error",
     "preflight",
@@ -69,6 +74,7 @@ def preflight(
     refuse_unread_overrides(cfg, overrides)
     check_trainer(cfg.trainer)
     check_compression(cfg, choices=choices)
+    check_reports(cfg, choices=choices)
     refuse_selection_on_test(cfg)
 
 
@@ -314,6 +320,104 @@ def fitting_configs(method: Any, group: str) -> list[str]:
             continue
         names.append(path.stem)
     return names
+
+
+# --- the evaluation reports ---------------------------------------------------------------------
+
+
+def check_reports(cfg: DictConfig, *, choices: Mapping[str, str | None] | None = None) -> None:
+    """Refuse a ``reports.<name>`` setting the method would ignore, then build the reports it declares.
+
+    A report's settings are read only where the method names the report in ``needed_callbacks``
+    (:mod:`fedlightning.callbacks.declared`); a value other than the default of the report's
+    constructor under any other method (from the command line or an experiment config) would
+    change nothing, so it is refused naming the method configs that declare the report. The
+    declared reports are then built from their settings, so a value their constructor refuses
+    (``reports.zampling_evaluation.test_samples=0``) stops the run before any data is read.
+    """
+    from fedlightning.callbacks.declared import DECLARABLE, declared_callbacks, declared_reports
+
+    reports = cfg.get("reports")
+    method_node = cfg.get("method")
+    if not isinstance(reports, DictConfig) or not isinstance(method_node, DictConfig):
+        return
+    target = method_node.get("_target_")
+    if not isinstance(target, str):
+        return
+    method = _locate(target, "method")
+    declared = declared_reports(method)
+    for name in map(str, reports):
+        settings = reports.get(name)
+        if name in declared or name not in DECLARABLE or not isinstance(settings, DictConfig):
+            continue
+        params, _, _ = _parameters(DECLARABLE[name])
+        for key in map(str, settings):
+            default = params[key].default if key in params else None
+            if _plain(settings[key]) == _plain(default):
+                continue
+            label = _label(method, "method", dict(choices or {})) or method.__name__
+            users = ", ".join(declaring_methods(name)) or "none"
+            raise ConfigError(
+                f"reports.{name}.{key} is read only by methods that declare the {name} report ({users}); "
+                f"{label} ignores it: drop the override or choose one of those methods."
+            )
+    try:
+        declared_callbacks(method, settings=reports)
+    except (ValueError, TypeError) as exc:
+        raise constructor_error(exc, "reports", None) from None
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain data, sequences as lists, for comparing a setting with a default.
+
+    >>> _plain(OmegaConf.create({"taus": [0.1]}).taus), _plain(())
+    ([0.1], [])
+    """
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def declaring_methods(report: str) -> list[str]:
+    """Names of the configs under ``configs/method/`` whose method declares ``report`` in ``needed_callbacks``.
+
+    >>> names = declaring_methods("zampling_evaluation")
+    >>> "zampling" in names and "fedpm" in names and "fedavg" not in names
+    True
+    """
+    from fedlightning.paths import config_dir
+
+    folder = Path(config_dir()) / "method"
+    names = []
+    for path in sorted(folder.glob("*.yaml")):
+        target = _config_target(folder, path.stem)
+        if target is None:
+            continue
+        try:
+            method = _locate(target, "method")
+        except ConfigError:
+            continue
+        if report in getattr(method, "needed_callbacks", ()):
+            names.append(path.stem)
+    return names
+
+
+def _config_target(folder: Path, name: str, seen: tuple[str, ...] = ()) -> str | None:
+    """The ``_target_`` of ``folder/<name>.yaml``: its own, else that of the first config of its group it extends."""
+    node = OmegaConf.load(folder / f"{name}.yaml")
+    if not isinstance(node, DictConfig):
+        return None
+    target = node.get("_target_")
+    if isinstance(target, str):
+        return target
+    for entry in node.get("defaults") or []:
+        if isinstance(entry, str) and entry not in (*seen, name) and (folder / f"{entry}.yaml").is_file():
+            found = _config_target(folder, entry, (*seen, name))
+            if found is not None:
+                return found
+    return None
 
 
 @contextlib.contextmanager

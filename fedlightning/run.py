@@ -261,7 +261,7 @@ def _run(
             callbacks.append(_build(node, f"callbacks.{name}"))
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(RoundProgressBar(score_name=module.score_name))
-    callbacks.extend(declared_callbacks(module))  # the method's own reports (its needed_callbacks)
+    callbacks.extend(declared_callbacks(module, settings=cfg.get("reports")))  # the method's reports (needed_callbacks)
 
     choices.setdefault("method", method_name)
     choices.setdefault("data", data_name)

@@ -63,6 +63,8 @@ IGNORED_KEYS = (
 """Config keys that do not change what a run computes; a run folder accepts any value for them."""
 ADDED_NODES: dict[str, dict[str, Any]] = {
     "early_stopping": {"monitor": None},
+    # read only by the methods that declare a report, whose own node changed when it was added
+    "reports": {},
 }
 """Config nodes added after run folders were first recorded, each with the values under which it
 changes nothing: a record made before the node existed matches a config whose node holds them."""

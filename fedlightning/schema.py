@@ -16,6 +16,11 @@ Two layers, one rule: every problem stops with one sentence naming the key and t
   whose ``__init__`` takes ``**kwargs`` passes them to the next ``__init__`` of its MRO (the
   convention of every method and data module here), so those keys are valid too; a third-party
   target with ``**kwargs`` (``WandbLogger``) accepts any key.
+* The ``reports`` node holds, per report a method can declare (``needed_callbacks``,
+  :data:`fedlightning.callbacks.declared.DECLARABLE`), the keyword arguments of that report's
+  class: ``reports.<name>`` is checked against the class's signature by the same code as a
+  ``_target_`` node (:func:`check_node_keys`), the class found by its dotted path
+  (:data:`REPORTS_REGISTRY`) as a ``_target_`` is.
 
 Why the signatures rather than one dataclass per target: the constructors already are the
 schema (their keyword-only, typed arguments), so a second copy would drift from them; a new
@@ -51,7 +56,9 @@ from fedlightning.errors import ConfigError
 
 __all__ = [
     "GROUPS",
+    "REPORTS_REGISTRY",
     "TrainSchema",
+    "check_node_keys",
     "check_target_node",
     "close_match",
     "refuse_unread_overrides",
@@ -64,6 +71,9 @@ __all__ = [
 GROUPS = ("method", "data", "partition", "sampler", "compressor", "downlink", "failures", "divergence", "trainer")
 #: Config groups whose node maps names to ``_target_`` nodes.
 NAMED_GROUPS = ("logger", "callbacks")
+#: The dotted path of the report name → callback class mapping whose classes take the ``reports.<name>``
+#: settings; located as a ``_target_`` is, so the schema imports nothing of the layers above it.
+REPORTS_REGISTRY = "fedlightning.callbacks.declared.DECLARABLE"
 #: Keys Hydra's ``instantiate`` reads itself.
 HYDRA_KEYS = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
 
@@ -120,6 +130,13 @@ class TrainSchema:
             "stop once a validation metric stops improving and test the best round (monitor null: off)",
         ),
     )
+    reports: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=_spec(
+            "reports.zampling_evaluation.test_samples=100",
+            "the settings of each evaluation report a method declares, by report name",
+        ),
+    )
     method: Any = None
     model: Any = None
     data: Any = None
@@ -164,10 +181,12 @@ def validate_config(cfg: DictConfig) -> None:
     """Check a composed ``train.yaml`` config; raise :class:`ConfigError` at its first problem.
 
     Order: required keys, top-level keys against :class:`TrainSchema`, the model node against its
-    builder, then each group node against its target's signature.
+    builder, each report's settings against its class's signature, then each group node against
+    its target's signature.
     """
     validate_top_level(cfg)
     _check_model(cfg.get("model"))
+    _check_reports(cfg)
     for group in GROUPS:
         node = _get(cfg, group, group)
         if node is not None:
@@ -269,13 +288,54 @@ def _check_model(node: Any) -> None:
         check_target_node(node, "model")
 
 
+def _check_reports(cfg: DictConfig) -> None:
+    """Each ``reports.<name>`` node against the keyword arguments of the report class called ``name``.
+
+    >>> from omegaconf import OmegaConf
+    >>> _check_reports(OmegaConf.create({"reports": {"zampling_evaluation": {"tst_samples": 3}}}))
+    Traceback (most recent call last):
+    ...
+    fedlightning.errors.ConfigError: reports.zampling_evaluation has no key tst_samples (did you mean test_samples?)...
+    """
+    node = _get(cfg, "reports", "reports") if "reports" in cfg else None
+    if node is None:
+        return
+    if not isinstance(node, DictConfig):
+        raise ConfigError(
+            f"reports must map report names to their settings (got {_show(node)}); see configs/reports/default.yaml."
+        )
+    declarable = _locate(REPORTS_REGISTRY, "reports")
+    for name in map(str, node):
+        if name not in declarable:
+            raise ConfigError(
+                f"reports has no key {name}{_did_you_mean(name, declarable)}; "
+                f"the reports a method can declare are {', '.join(sorted(declarable))}."
+            )
+        settings = _get(node, name, f"reports.{name}")
+        if settings is None:
+            continue
+        if not isinstance(settings, DictConfig):
+            raise ConfigError(
+                f"reports.{name} must hold the report's settings by key (got {_show(settings)}); "
+                f"see configs/reports/default.yaml."
+            )
+        check_node_keys(settings, f"reports.{name}", declarable[name])
+
+
 def _locate(path: str, where: str) -> Any:
     """The object at a dotted ``_target_`` path (the longest importable module, then attributes)."""
     parts = path.split(".")
     for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
         try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
+            obj: Any = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or module
+            if module != missing and not module.startswith(missing + "."):  # the module exists; an import inside failed
+                raise ConfigError(
+                    f"{where}._target_={path}: importing {module} failed ({exc}); install what it needs, "
+                    "or reinstall fedlightning if the missing module is its own."
+                ) from exc
             continue
         try:
             for attr in parts[cut:]:
@@ -370,7 +430,19 @@ def check_target_node(node: DictConfig, where: str) -> None:
     target_path = _get(node, "_target_", f"{where}._target_")
     if not isinstance(target_path, str):
         raise ConfigError(f"{where}._target_ must be a dotted class path (got {target_path!r}).")
-    target = _locate(target_path, where)
+    check_node_keys(node, where, _locate(target_path, where), target_path=target_path)
+
+
+def check_node_keys(node: DictConfig, where: str, target: Any, *, target_path: str | None = None) -> None:
+    """Check the keys of ``node`` (at ``where``) and their values against the signature of ``target``.
+
+    A key ``target`` does not take is refused with the closest one it takes; a value is checked
+    against the key's annotation and the range rules by key name; a nested ``_target_`` node is
+    checked against its own target (:func:`check_target_node`). ``target_path`` names the target in
+    a long key listing (default: its module and name).
+    """
+    if target_path is None:
+        target_path = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', target)}"
     params, hints, accepts_any = _parameters(target)
     valid = [name for name in params if name not in ("model", "datamodule", "params", "inputs")]
     for key in node:

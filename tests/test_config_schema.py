@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -9,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from fedlightning.errors import ConfigError
-from fedlightning.schema import GROUPS, check_target_node, close_match, validate_config
+from fedlightning.schema import GROUPS, _locate, check_target_node, close_match, validate_config
 
 from .conftest import CONFIG_DIR
 
@@ -68,3 +69,23 @@ def test_keys_forwarded_through_kwargs_to_the_base_class_are_valid() -> None:
 def test_close_match() -> None:
     assert close_match("rouds", ["rounds", "seed"]) == "rounds"
     assert close_match("zzz", ["rounds", "seed"]) is None
+
+
+def test_a_target_whose_module_fails_to_import_names_the_missing_module_not_the_spelling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "broken_method_pkg.py").write_text("import no_such_dependency_xyz\n\nclass Method: ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        _locate("broken_method_pkg.Method", "method")
+    assert str(info.value) == (
+        "method._target_=broken_method_pkg.Method: importing broken_method_pkg failed "
+        "(No module named 'no_such_dependency_xyz'); install what it needs, "
+        "or reinstall fedlightning if the missing module is its own."
+    )
+
+
+@pytest.mark.parametrize("path", ["fedlightning.methds.FedAvg", "fedlightning.methods.FedAvgg", "torchh.nn.Linear"])
+def test_a_misspelt_target_is_blamed_on_its_spelling(path: str) -> None:
+    with pytest.raises(ConfigError, match=r"cannot be imported; check its spelling\.$"):
+        _locate(path, "method")

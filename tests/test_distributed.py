@@ -38,8 +38,8 @@ CASES = {
         "rounds=2",
         "method=zampling",
         "model=digits_mlp",
-        "method.val_samples=2",
-        "method.test_samples=2",
+        "reports.zampling_evaluation.val_samples=2",
+        "reports.zampling_evaluation.test_samples=2",
         "method.compression=4",
     ],
 }

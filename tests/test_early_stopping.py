@@ -26,8 +26,8 @@ LOCAL_ZAMPLING = [
     "data.num_clients=1",
     "method.compression=4",
     "method.local_steps=5",
-    "method.val_samples=4",
-    "method.test_samples=6",
+    "reports.zampling_evaluation.val_samples=4",
+    "reports.zampling_evaluation.test_samples=6",
     "save_partition=false",
 ]
 WORST_LOSS = ["early_stopping.monitor=val/loss", "early_stopping.mode=max", "early_stopping.patience=1"]

@@ -19,7 +19,13 @@ from fedlightning.run import run
 from fedlightning.sampling import FullParticipation
 from tests.conftest import round_trainer
 
-DIGITS = ["data=digits", "model=digits_mlp", "partition=iid", "method.val_samples=2", "method.test_samples=2"]
+DIGITS = [
+    "data=digits",
+    "model=digits_mlp",
+    "partition=iid",
+    "reports.zampling_evaluation.val_samples=2",
+    "reports.zampling_evaluation.test_samples=2",
+]
 
 
 def test_reset_prior_mode_is_the_mean_of_smoothed_bits() -> None:
@@ -85,8 +91,6 @@ def test_fedpm_posterior_from_the_round_sums_matches_the_stacked_formula(prior_r
         datamodule=dm,
         prior_reset=prior_reset,
         local_steps=2,
-        val_samples=1,
-        test_samples=1,
     )
     uploads = _Uploads()
     trainer = round_trainer(2, [FullParticipation(), uploads], limit_val_batches=0)

@@ -50,10 +50,18 @@ SMALL = ["rounds=2", "eval_every=2", "data=digits", "data.num_clients=4"]
 # its initial gates and runs on the default MLP (a CNN would add cuDNN's TF32 convolutions).
 EXTRA: dict[str, list[str]] = {
     **{m: ["model=digits_logreg"] for m in ("dcsgd", "diana", "vr_diana")},
-    "zampling": ["method.compression=4", "method.val_samples=2", "method.test_samples=2"],
-    "fedpm": ["method.val_samples=2"],
+    "zampling": [
+        "method.compression=4",
+        "reports.zampling_evaluation.val_samples=2",
+        "reports.zampling_evaluation.test_samples=2",
+    ],
+    "fedpm": ["reports.zampling_evaluation.val_samples=2"],
     **{
-        m: ["data.num_clients=1", "method.val_samples=2", "method.test_samples=2"]
+        m: [
+            "data.num_clients=1",
+            "reports.zampling_evaluation.val_samples=2",
+            "reports.zampling_evaluation.test_samples=2",
+        ]
         for m in ("local_zampling", "continuous_zampling", "supermask")
     },
 }

@@ -49,12 +49,18 @@ METHODS = {
         "method=zampling",
         "model=digits_mlp",
         "partition=iid",
-        "method.val_samples=2",
-        "method.test_samples=2",
+        "reports.zampling_evaluation.val_samples=2",
+        "reports.zampling_evaluation.test_samples=2",
         "method.compression=4",
         "method.reset_optimizer=false",
     ],
-    "fedpm": ["method=fedpm", "model=digits_mlp", "partition=iid", "method.val_samples=2", "method.test_samples=2"],
+    "fedpm": [
+        "method=fedpm",
+        "model=digits_mlp",
+        "partition=iid",
+        "reports.zampling_evaluation.val_samples=2",
+        "reports.zampling_evaluation.test_samples=2",
+    ],
     "eflops": ["method=eflops", "model=digits_mlp", "partition=iid"],
     # failure injection: the drop-out and quorum draws and their totals continue across the kill
     "fedavg_dropout_repeat": [

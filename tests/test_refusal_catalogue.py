@@ -100,6 +100,30 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["data.val_fraction=0", "early_stopping.monitor=val/acc"],
         ["early_stopping.monitor=val/acc would choose the round on the test set", "data.val_fraction=0.1"],
     ),
+    "a report setting the method ignores": (
+        ["method=fedavg", "reports.zampling_evaluation.test_samples=5"],
+        [
+            "reports.zampling_evaluation.test_samples is read only by methods that declare the zampling_evaluation "
+            "report (continuous_zampling, fedpm, local_zampling, supermask, zampling); method=fedavg ignores it",
+            "drop the override or choose one of those methods",
+        ],
+    ),
+    "misspelt report key with +": (
+        ["method=zampling", "+reports.zampling_evaluation.tst_samples=3"],
+        ["reports.zampling_evaluation has no key tst_samples", "did you mean test_samples?"],
+    ),
+    "misspelt report key": (
+        ["method=zampling", "reports.zampling_evaluation.tst_samples=3"],
+        ["reports.zampling_evaluation.tst_samples", "did you mean reports.zampling_evaluation.test_samples?"],
+    ),
+    "a key that lives in another node": (
+        ["method=zampling", "method.test_samples=3"],
+        ["method.test_samples is not a key of the config", "did you mean reports.zampling_evaluation.test_samples?"],
+    ),
+    "report setting zero": (
+        ["method=zampling", "reports.zampling_evaluation.test_samples=0"],
+        ["reports.zampling_evaluation.test_samples must be at least 1 (got 0)"],
+    ),
 }
 if not torch.cuda.is_available():
     CATALOGUE["a GPU this machine lacks"] = (

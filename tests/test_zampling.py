@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import Tensor
 
 from fedlightning.callbacks.declared import declared_callbacks
@@ -30,7 +32,7 @@ from fedlightning.datamodules import DigitsDataModule
 from fedlightning.errors import ConfigError, MessageDecodeError
 from fedlightning.federated.hooks import FederatedCallback
 from fedlightning.federated.local import FusedRunner
-from fedlightning.federated.local.fused import linear_chain
+from fedlightning.federated.local.fused import chain_gradients_, linear_chain
 from fedlightning.federated.message import Message
 from fedlightning.federated.payloads import Payload
 from fedlightning.methods.zampling import (
@@ -38,21 +40,14 @@ from fedlightning.methods.zampling import (
     OPTIMIZER_KEY,
     RANGE_METRIC,
     XENT_METRIC,
-    SampledNetwork,
     Zampling,
     bernoulli_draw,
     frozen_fraction,
     mean_of_bits,
     trainable_size,
 )
-from fedlightning.methods.zampling_estimators import (
-    ClippedScore,
-    SigmoidScore,
-    probability_from_score,
-    score_estimator,
-    score_from_probability,
-)
 from fedlightning.models.mlp import MLP
+from fedlightning.models.sampled_network import SampledNetwork
 from fedlightning.models.zampling import (
     SparseQ,
     ZampledNetwork,
@@ -61,6 +56,13 @@ from fedlightning.models.zampling import (
     draw_distinct_columns,
     row_fan_in,
     zampling_q,
+)
+from fedlightning.models.zampling_estimators import (
+    ClippedScore,
+    SigmoidScore,
+    probability_from_score,
+    score_estimator,
+    score_from_probability,
 )
 from fedlightning.run import run
 from fedlightning.sampling import FullParticipation, UniformSampler
@@ -317,7 +319,13 @@ def test_zampled_network_runs_the_model_functionally() -> None:
 
 
 # ---------------------------------------------------------------------------------- end to end
-DIGITS = ["method=zampling", "data=digits", "model=digits_mlp", "partition=iid", "method.val_samples=3"]
+DIGITS = [
+    "method=zampling",
+    "data=digits",
+    "model=digits_mlp",
+    "partition=iid",
+    "reports.zampling_evaluation.val_samples=3",
+]
 
 
 def _summary(tmp_path: Path) -> dict:
@@ -325,7 +333,7 @@ def _summary(tmp_path: Path) -> dict:
 
 
 def test_federated_zampling_on_digits(make_config, tmp_path: Path) -> None:
-    cfg = make_config([*DIGITS, "rounds=3", "method.compression=4", "method.test_samples=5"])
+    cfg = make_config([*DIGITS, "rounds=3", "method.compression=4", "reports.zampling_evaluation.test_samples=5"])
     summary = run(cfg, tmp_path)
     n = 4810 // 4
     # uplink: exactly n bits per client per round, bit-packed
@@ -353,7 +361,7 @@ def test_server_p_is_exactly_a_mean_of_bits_and_lattice_downlink(make_config, tm
             "method.compression=8",
             "method.downlink=lattice",
             "method.uplink=arithmetic",
-            "method.test_samples=2",
+            "reports.zampling_evaluation.test_samples=2",
         ]
     )
     summary = run(cfg, tmp_path)
@@ -370,11 +378,22 @@ def test_server_p_is_exactly_a_mean_of_bits_and_lattice_downlink(make_config, tm
 
 
 def test_frozen_fraction_remedy_keeps_every_coordinate_trainable(make_config, tmp_path: Path) -> None:
-    cfg = make_config([*DIGITS, "rounds=3", "method.compression=4", "method.p_clamp=0.01", "method.test_samples=2"])
+    cfg = make_config(
+        [
+            *DIGITS,
+            "rounds=3",
+            "method.compression=4",
+            "method.p_clamp=0.01",
+            "reports.zampling_evaluation.test_samples=2",
+        ]
+    )
     summary = run(cfg, tmp_path / "clamp")
     assert summary["model/frozen_fraction"] == 0.0
     assert summary["model/saturated_fraction"] > 0.2  # the raw mean does hit 0 and 1 ...
-    faithful = run(make_config([*DIGITS, "rounds=3", "method.compression=4", "method.test_samples=2"]), tmp_path / "f")
+    faithful = run(
+        make_config([*DIGITS, "rounds=3", "method.compression=4", "reports.zampling_evaluation.test_samples=2"]),
+        tmp_path / "f",
+    )
     assert faithful["model/frozen_fraction"] == faithful["model/saturated_fraction"] > 0.2  # ... and freezes there
 
 
@@ -386,14 +405,29 @@ def test_local_and_continuous_zampling_run(make_config, tmp_path: Path) -> None:
         "data.num_clients=1",
         "rounds=2",
         "method.compression=2",
-        "method.val_samples=2",
-        "method.test_samples=2",
+        "reports.zampling_evaluation.val_samples=2",
+        "reports.zampling_evaluation.test_samples=2",
     ]
     local = run(make_config(["method=local_zampling", *base, "method.client_optimizer.lr=0.01"]), tmp_path / "l")
     assert local["comm/uplink_bits_per_client_round"] == 32 * (4810 // 2)  # p itself, float32
     assert local["test/acc_sampled_mean"] > 0.2
     cont = run(make_config(["method=continuous_zampling", *base]), tmp_path / "c")
     assert cont["test/acc"] > 0.5  # the continuous model is evaluated as the expected network
+
+
+def test_the_evaluation_settings_are_the_reports_node_with_the_callbacks_defaults(make_config) -> None:
+    cfg = make_config(["method=zampling"])
+    defaults = {
+        name: list(p.default) if isinstance(p.default, tuple) else p.default
+        for name, p in inspect.signature(ZamplingEvaluation).parameters.items()
+    }
+    assert OmegaConf.to_container(cfg.reports.zampling_evaluation) == defaults  # configs/reports/default.yaml
+    assert not set(defaults) & set(cfg.method)  # the method takes none of them
+    assert not hasattr(_zampling(digits_federation(2)), "evaluation_options")
+    (evaluation,) = declared_callbacks(
+        _zampling(digits_federation(2)), settings={"zampling_evaluation": {"val_samples": 3}}
+    )
+    assert (evaluation.val_samples, evaluation.test_samples) == (3, 100)
 
 
 def test_bad_configs_name_the_key(make_config, tmp_path: Path) -> None:
@@ -413,7 +447,7 @@ def test_bad_configs_name_the_key(make_config, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------- on the round engine
 def _zampling(dm: DigitsDataModule, cls: type[Zampling] = Zampling, **kwargs: Any) -> Zampling:
     torch.manual_seed(0)
-    options: dict[str, Any] = {"compression": 4, "local_steps": 3, "val_samples": 1, "test_samples": 1}
+    options: dict[str, Any] = {"compression": 4, "local_steps": 3}
     options.update(kwargs)
     return cls(model=MLP(in_features=64, hidden=[32], num_classes=10), datamodule=dm, **options)
 
@@ -699,11 +733,11 @@ def test_sensitivity_study_logs_a_row_per_tau(make_config, tmp_path: Path) -> No
             "method.local_steps=3",
             "method.compression=4",
             "method.d=2",
-            "method.val_samples=1",
-            "method.test_samples=2",
-            "method.sensitivity_taus=[0.0,0.5]",
-            "method.sensitivity_perturbations=2",
-            "method.sensitivity_samples=2",
+            "reports.zampling_evaluation.val_samples=1",
+            "reports.zampling_evaluation.test_samples=2",
+            "reports.zampling_evaluation.sensitivity_taus=[0.0,0.5]",
+            "reports.zampling_evaluation.sensitivity_perturbations=2",
+            "reports.zampling_evaluation.sensitivity_samples=2",
         ]
     )
     s = run(cfg, tmp_path)
@@ -808,7 +842,7 @@ def test_resume_continues_the_same_run(make_config, tmp_path: Path) -> None:
         "method.local_steps=4",
         "method.downlink=lattice",
         "method.reset_optimizer=false",
-        "method.test_samples=2",
+        "reports.zampling_evaluation.test_samples=2",
         "checkpoint_every=1",
     ]
     straight = run(make_config(args), tmp_path / "straight")
@@ -868,8 +902,8 @@ def test_batched_sampled_accuracies_equal_one_by_one_on_the_same_masks() -> None
     assert len(set(results[1].tolist())) > 1  # distinct masks, distinct scores
     for per_forward in (3, 7, 10):
         assert torch.equal(results[per_forward], results[1])
-    with pytest.raises(ConfigError, match="eval_networks_per_forward"):  # the evaluation checks it when built
-        declared_callbacks(_zampling(dm, eval_networks_per_forward=0))
+    with pytest.raises(ConfigError, match=r"reports\.zampling_evaluation\.networks_per_forward"):  # checked when built
+        declared_callbacks(_zampling(dm), settings={"zampling_evaluation": {"networks_per_forward": 0}})
 
 
 def test_bitpacked_run_reports_the_range_coded_size_of_its_masks() -> None:
@@ -967,6 +1001,7 @@ def _sampled_pair(
             sampling=sampling,
             generator=torch.Generator().manual_seed(7),
             chain=chain,
+            chain_gradients=chain_gradients_,
         )
         for _ in range(2)
     ]

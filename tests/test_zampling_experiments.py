@@ -80,7 +80,7 @@ def _federated(make_config, root: Path, tmp_path: Path, compression: int, extra:
             "rounds=20",
             "seed=0",
             f"method.compression={compression}",
-            "method.val_samples=5",
+            "reports.zampling_evaluation.val_samples=5",
             *(extra or []),
         ]
     )

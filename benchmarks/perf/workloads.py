@@ -130,7 +130,7 @@ def workloads(quick: bool) -> list[Workload]:
                 "method.compression=32",
                 "method.d=10",
                 "method.batch_size=32",
-                *(["method.test_samples=10"] if quick else []),
+                *(["reports.zampling_evaluation.test_samples=10"] if quick else []),
             ),
             subset=s1_subset,
             notes="fedlightning only; compared with S1 (target: at most 2x S1 per round)",

@@ -33,11 +33,13 @@ classification tasks are scored.
 
 The module names it in ``needed_callbacks``; the runner attaches one instance to the trainer that
 fits and tests it (:mod:`fedlightning.callbacks.declared`), so the mask chosen on validation is
-the one scored on test.
+the one scored on test. Its settings are the keyword arguments of :class:`ZamplingEvaluation`, the
+config node ``reports.zampling_evaluation`` (``configs/reports/default.yaml``); the method reads none of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
@@ -60,21 +62,29 @@ from fedlightning.models.zampling import ZampledNetwork, bernoulli_draw
 if TYPE_CHECKING:
     from fedlightning.methods.zampling import Zampling
 
-__all__ = ["ZamplingEvaluation"]
+__all__ = ["SETTINGS", "ZamplingEvaluation"]
+
+SETTINGS = "reports.zampling_evaluation"
+"""The config node that holds the keyword arguments of :class:`ZamplingEvaluation`."""
 
 
 class ZamplingEvaluation(L.Callback):
     """Scores sampled networks after each validation and test pass (see the module docstring).
 
+    Each argument is a key of the config node ``reports.zampling_evaluation``.
+
     Args:
         val_samples: sampled networks per validation.
-        test_samples: sampled networks per test.
-        sensitivity_taus: τ values of the test-time sensitivity study (empty: off).
-        sensitivity_perturbations: perturbations of p inside C_τ per τ.
-        sensitivity_samples: sampled networks per perturbed p.
+        test_samples: sampled networks per test (the paper: 100).
+        networks_per_forward: sampled networks scored per batched forward (one pass of Q over
+            all their masks, one ``vmap``-ed forward); 1 scores them one by one.
+        sensitivity_taus: τ values of the test-time parameter-sensitivity study of the paper
+            (§"Generalisation Properties via Parameter Sensitivity"), logged as
+            ``test/sensitivity/<τ>/...`` (:meth:`sensitivity_metrics`); empty: off.
+        sensitivity_perturbations: perturbations of p inside C_τ per τ (the paper: 10).
+        sensitivity_samples: sampled networks per perturbed p (the paper: 10).
         sensitivity_region: the perturbed coordinates
             (:func:`~fedlightning.callbacks.zampling_sensitivity.perturbation_support`).
-        networks_per_forward: sampled networks scored per batched forward (1: one by one).
     """
 
     def __init__(
@@ -82,23 +92,25 @@ class ZamplingEvaluation(L.Callback):
         *,
         val_samples: int = 20,
         test_samples: int = 100,
-        sensitivity_taus: tuple[float, ...] = (),
+        networks_per_forward: int = 10,
+        sensitivity_taus: Sequence[float] = (),
         sensitivity_perturbations: int = 10,
         sensitivity_samples: int = 10,
         sensitivity_region: Region = "hypercube",
-        networks_per_forward: int = 10,
     ) -> None:
-        if val_samples < 1 or test_samples < 1:
-            raise ConfigError("method.val_samples and method.test_samples must be at least 1.")
-        if networks_per_forward < 1:
-            raise ConfigError(
-                f"method.eval_networks_per_forward must be at least 1 (got {networks_per_forward}); "
-                "1 scores the sampled networks one by one."
-            )
+        for key, value in (
+            ("val_samples", val_samples),
+            ("test_samples", test_samples),
+            ("networks_per_forward", networks_per_forward),
+            ("sensitivity_perturbations", sensitivity_perturbations),
+            ("sensitivity_samples", sensitivity_samples),
+        ):
+            if value < 1:
+                one_by_one = "; 1 scores the sampled networks one by one" if key == "networks_per_forward" else ""
+                raise ConfigError(f"{SETTINGS}.{key} must be at least 1 (got {value}){one_by_one}.")
+        perturbation_support(torch.zeros(1), 0.0, sensitivity_region)  # validates the region
         for tau in sensitivity_taus:
-            perturbation_support(torch.zeros(1), float(tau), sensitivity_region)  # validates τ and region
-        if sensitivity_perturbations < 1 or sensitivity_samples < 1:
-            raise ConfigError("method.sensitivity_perturbations and method.sensitivity_samples must be at least 1.")
+            perturbation_support(torch.zeros(1), float(tau), sensitivity_region)  # validates τ
         self.networks_per_forward = int(networks_per_forward)
         self.val_samples = int(val_samples)
         self.test_samples = int(test_samples)
@@ -109,11 +121,6 @@ class ZamplingEvaluation(L.Callback):
         self._batches: list[tuple[Tensor, Tensor]] = []
         self._network: ZampledNetwork | None = None
         self._val_best_index: dict[int, int] = {}  # round → index of its best validation mask
-
-    @classmethod
-    def for_module(cls, module: Any) -> ZamplingEvaluation:
-        """The evaluation that ``module`` asks for: its ``evaluation_options`` (the ``method.*`` keys)."""
-        return cls(**module.evaluation_options)
 
     # ------------------------------------------------------------------ Lightning hooks
     @override

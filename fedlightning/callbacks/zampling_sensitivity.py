@@ -36,7 +36,7 @@ def hypercube_indicator(p: Tensor, tau: float) -> Tensor:
     [False, False, True, False, False]
     """
     if not 0.0 <= tau <= 0.5:
-        raise ConfigError(f"method.sensitivity_taus must lie in [0, 0.5] (got {tau}).")
+        raise ConfigError(f"reports.zampling_evaluation.sensitivity_taus must lie in [0, 0.5] (got {tau}).")
     return (p >= tau) & (p <= 1.0 - tau)
 
 
@@ -56,7 +56,9 @@ def perturbation_support(p: Tensor, tau: float, region: Region) -> Tensor:
         return inside
     if region == "complement":
         return ~inside
-    raise ConfigError(f"method.sensitivity_region={region!r} is not supported; choose hypercube or complement.")
+    raise ConfigError(
+        f"reports.zampling_evaluation.sensitivity_region={region!r} is not supported; choose hypercube or complement."
+    )
 
 
 def perturb_in_hypercube(

@@ -142,7 +142,7 @@ class ClientWork(RoundContext):
         the data (``local_epochs`` mode only) and ends local training by returning true
         (client-side early stopping; ``local_epochs`` is then the cap). With
         ``writes_gradients``, ``batch_loss`` writes every trained parameter's gradient itself
-        (a step taken by hand, e.g. :meth:`fedlightning.methods.zampling.SampledNetwork.fused_gradient_`)
+        (a step taken by hand, e.g. :meth:`fedlightning.models.sampled_network.SampledNetwork.fused_gradient_`)
         and returns the loss: no backward pass is run. The ``fused`` backend takes the engine's
         own cross-entropy steps by hand (:mod:`fedlightning.federated.local.fused`).
         """

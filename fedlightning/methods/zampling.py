@@ -41,13 +41,16 @@ Decisions where the paper leaves a choice open (also stated in ``configs/method/
   ``p_clamp: ε`` (FedPM's remedy, arXiv 2209.15328) trains from clamp(p, ε, 1 − ε) instead.
   Default off.
 
-Score estimators (``estimator``, :class:`ScoreEstimator`): ``zampling`` (p = clip(s), the
-masked straight-through gradient), ``zhou`` (p = sigmoid(s), dL/ds = σ'(s)·Qᵀ∇_w L; Zhou et
-al., arXiv 1905.01067) and ``fedpm`` (the same, times p; Isik et al., arXiv 2209.15328).
+Score estimators (``estimator``, :class:`~fedlightning.models.zampling_estimators.ScoreEstimator`):
+``zampling`` (p = clip(s), the masked straight-through gradient), ``zhou`` (p = sigmoid(s),
+dL/ds = σ'(s)·Qᵀ∇_w L; Zhou et al., arXiv 1905.01067) and ``fedpm`` (the same, times p; Isik et
+al., arXiv 2209.15328). A client trains its score as the model
+:class:`~fedlightning.models.sampled_network.SampledNetwork`.
 
 The sampled-network evaluation and the parameter-sensitivity study are the callback
 :class:`fedlightning.callbacks.zampling_evaluation.ZamplingEvaluation`, which the method
-declares in ``needed_callbacks`` and the runner attaches (:mod:`fedlightning.callbacks.declared`).
+declares in ``needed_callbacks`` and the runner attaches (:mod:`fedlightning.callbacks.declared`)
+with the settings of the config node ``reports.zampling_evaluation``; the method reads none of them.
 
 On the ``vectorised`` backend a share's clients train at once, their scores stacked
 (:meth:`Zampling.stacked_client_updates`, :mod:`fedlightning.methods.zampling_stacked`).
@@ -57,7 +60,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import numpy as np
@@ -70,30 +73,25 @@ from fedlightning.compression.codecs import BitPackCodec, Float32Codec
 from fedlightning.compression.mask import MaskCodec
 from fedlightning.errors import ConfigError
 from fedlightning.federated.aggregators import Aggregator, WeightedMean
-from fedlightning.federated.local.fused import Pair, chain_gradients_
+from fedlightning.federated.local.fused import chain_gradients_
 from fedlightning.federated.module import ClientResult, FederatedModule, ParamsT
 from fedlightning.federated.params import assign_flat_, num_parameters
 from fedlightning.federated.payloads import Payload
 from fedlightning.methods import zampling_stacked
-from fedlightning.methods.zampling_estimators import (
-    Estimator,
-    ScoreEstimator,
-    score_estimator,
-)
+from fedlightning.models.sampled_network import SampledNetwork
 from fedlightning.models.zampling import (
     SparseQ,
     ZampledNetwork,
-    ZampledWeights,
     bernoulli_draw,
     row_fan_in,
     zampling_q,
 )
+from fedlightning.models.zampling_estimators import Estimator, score_estimator
 
 __all__ = [
     "OPTIMIZER_KEY",
     "RANGE_METRIC",
     "XENT_METRIC",
-    "SampledNetwork",
     "Zampling",
     "bernoulli_draw",
     "frozen_fraction",
@@ -173,100 +171,6 @@ def holdout_positions(num_samples: int, fraction: float, generator: torch.Genera
     return perm[held:], perm[:held]
 
 
-# ---------------------------------------------------------------------------------- client model
-class SampledNetwork(nn.Module):
-    """The model a client trains in one round: its one parameter is the score s.
-
-    :meth:`resample` draws the mini-batch's mask z ~ Bernoulli(p(s)) (z = p(s) for the
-    continuous model) and sets w = Q·z; :meth:`forward` runs the architecture with w. The
-    gradient of a loss of the output reaches s through the estimator's straight-through rule.
-
-    Args:
-        score: the starting score (copied into a parameter).
-        network: the architecture, called functionally.
-        weights: the Q·z product with the estimator's backward.
-        estimator: p as a function of s.
-        sampling: sample masks (true) or use w = Q·p (false).
-        generator: the client's mask stream.
-        chain: the Linear layers of ``network``'s model (:func:`~fedlightning.federated.local.fused.linear_chain`)
-            where its steps are taken by hand (:meth:`fused_gradient_`); ``None``: autograd only.
-    """
-
-    def __init__(
-        self,
-        score: Tensor,
-        *,
-        network: ZampledNetwork,
-        weights: ZampledWeights,
-        estimator: ScoreEstimator,
-        sampling: bool,
-        generator: torch.Generator,
-        chain: Sequence[nn.Linear] | None = None,
-    ) -> None:
-        super().__init__()
-        self.score = nn.Parameter(score.detach().clone())
-        self._network = network  # a plain object around the hidden client model: nothing is registered
-        self._weights = weights
-        self._estimator = estimator
-        self._sampling = sampling
-        self._generator = generator
-        self._w: Tensor | None = None
-        self._chain = chain
-        self._grad: tuple[Tensor, list[Pair]] | None = None  # ∂L/∂w of the hand-taken step and its layer views
-        self._views: tuple[Tensor, list[Pair]] | None = None  # the w the layer views slice, and the views
-
-    def _pairs(self, w: Tensor) -> list[Pair]:
-        """(weight, bias) views of ``w`` for each layer of the chain, input to output."""
-        assert self._chain is not None
-        view = self._network.view_of
-        return [(view(w, layer.weight), None if layer.bias is None else view(w, layer.bias)) for layer in self._chain]
-
-    def probabilities(self) -> Tensor:
-        """p(s), differentiable."""
-        return self._estimator.probability(self.score)
-
-    def resample(self) -> None:
-        """Draw the next mask and set the network's weights w = Q·z."""
-        p = self.probabilities()
-        z = bernoulli_draw(p, self._generator) if self._sampling else p.detach()
-        self._w = self._weights(p, z)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self._w is None:
-            raise RuntimeError("SampledNetwork.resample() must draw a mask before the forward pass.")
-        return self._network.forward(x, self._w)
-
-    def fused_gradient_(self, x: Tensor, y: Tensor) -> Tensor:
-        """One mini-batch by hand: the cross-entropy loss of a fresh mask's network, ∂L/∂s into ``score.grad``.
-
-        The same mask, w and gradient as :meth:`resample`, the forward pass and
-        ``loss.backward()`` (up to float rounding), without autograd: z is drawn and w = Q·z
-        updated in place (:meth:`ZampledWeights.draw_weights`), ∂L/∂w is written into one flat buffer
-        (:func:`~fedlightning.federated.local.fused.chain_gradients_`), then passed straight
-        through (:meth:`ZampledWeights.straight_through`) and through p(s)
-        (:meth:`ScoreEstimator.score_gradient`). Returns the loss.
-        """
-        if self._chain is None:
-            raise RuntimeError("This SampledNetwork has no layer chain to take its steps by hand.")
-        s = self.score.detach()
-        p = self._estimator.probability(s)
-        self._weights.set_free(p)
-        if self._sampling:
-            w = self._weights.draw_weights(p, self._generator)  # z ~ Bernoulli(p), as bernoulli_draw draws it
-        else:
-            w = self._weights.weights_for(p, in_place=True)
-        if self._views is None or self._views[0] is not w:  # a full product gives a new w
-            self._views = (w, self._pairs(w))
-        if self._grad is None:
-            grad_w = torch.empty_like(w)  # every entry is written: the chain covers all of the model's parameters
-            self._grad = (grad_w, self._pairs(grad_w))
-        loss = chain_gradients_(self._views[1], x, y, out=self._grad[1])
-        grad_p = self._weights.straight_through(self._grad[0], p)
-        self.score.grad = self._estimator.score_gradient(s, p, grad_p, zero_where_frozen=self._weights.mask_frozen)
-        self._w = None  # the in-place w is the step's own: forward() needs resample() first
-        return loss
-
-
 # ---------------------------------------------------------------------------------- the method
 class Zampling(FederatedModule):
     """Federated (and Local, and continuous) Zampling on any model.
@@ -280,7 +184,7 @@ class Zampling(FederatedModule):
         n: number of trainable parameters.
         q_seed: the shared seed of Q (64 bits, sent once); default ``seed``.
         estimator: ``zampling`` (clip, masked straight-through), ``zhou`` (sigmoid) or ``fedpm``
-            (sigmoid, gradient times p); see :data:`~fedlightning.methods.zampling_estimators.SCORE_ESTIMATORS`.
+            (sigmoid, gradient times p); see :data:`~fedlightning.models.zampling_estimators.SCORE_ESTIMATORS`.
         sampling: train with w = Q·z (true) or the continuous model w = Q·p (false).
         upload: ``sample`` (z_new, binary) or ``probabilities`` (p_new as float32; Local Zampling).
         p_init: ``uniform`` (paper), ``beta`` (Beta(a, a), ``p_init_beta`` = a), ``half``
@@ -291,23 +195,12 @@ class Zampling(FederatedModule):
         uplink: ``bitpack`` (n bits) or ``arithmetic`` (range-coded with the broadcast p, or
             bit-packed where that is shorter, behind one flag bit: :class:`~fedlightning.compression.mask.MaskCodec`).
         downlink: ``float32`` (paper) or ``lattice`` (lossless ⌈log2(K+1)⌉ bits per coordinate).
-        val_samples: sampled networks per validation; test_samples: per test (paper: 100).
-        eval_networks_per_forward: sampled networks scored per batched forward at evaluation
-            (one pass of Q over all their masks, one ``vmap``-ed forward); 1 scores them one by one.
         local_patience: client-side early stopping (the paper's "up to 100 epochs with early
             stopping, 10 epochs of patience and a delta of 10^-4"): stop a client's round after
             this many local epochs without a gain above ``local_min_delta`` in the mean accuracy
             of ``local_val_samples`` sampled networks on its held-out ``local_val_fraction``
             of its data, and upload from its best epoch's p; ``local_epochs`` caps the epochs.
             ``None`` (default): exactly ``local_epochs``, every sample trains.
-        sensitivity_taus: at test time, the parameter-sensitivity study of the paper
-            (§"Generalisation Properties via Parameter Sensitivity"): for each τ, perturb p
-            ``sensitivity_perturbations`` times inside C_τ
-            (:func:`~fedlightning.callbacks.zampling_sensitivity.perturb_in_hypercube`) and
-            log the expected network's and the mean of ``sensitivity_samples`` sampled networks'
-            accuracy, sensitivity and deviation as ``test/sensitivity/<τ>/...``. Empty: off.
-            ``sensitivity_region`` picks the perturbed coordinates
-            (:func:`~fedlightning.callbacks.zampling_sensitivity.perturbation_support`).
         client_optimizer: factory over the scores (default Adam, lr 0.1 as in the paper's
             federated runs).
         **kwargs: the remaining :class:`FederatedModule` arguments (no ``server_optimizer``:
@@ -345,17 +238,10 @@ class Zampling(FederatedModule):
         reset_optimizer: bool = True,
         uplink: Literal["bitpack", "arithmetic"] = "bitpack",
         downlink: Literal["float32", "lattice"] = "float32",
-        val_samples: int = 20,
-        test_samples: int = 100,
-        eval_networks_per_forward: int = 10,
         local_patience: int | None = None,
         local_min_delta: float = 1e-4,
         local_val_fraction: float = 0.1,
         local_val_samples: int = 10,
-        sensitivity_taus: Sequence[float] = (),
-        sensitivity_perturbations: int = 10,
-        sensitivity_samples: int = 10,
-        sensitivity_region: Literal["hypercube", "complement"] = "hypercube",
         client_optimizer: OptimizerFactory | None = None,
         **kwargs: Any,
     ) -> None:
@@ -429,18 +315,6 @@ class Zampling(FederatedModule):
         if local_patience is not None:  # the epochs each client ran (fixed otherwise)
             self.client_metric_names = (EPOCHS_METRIC, *self.client_metric_names)
         self.downlink_channel.codec = Float32Codec()
-
-        # Read by the sampled-network evaluation the method declares (``needed_callbacks``), which
-        # checks them when the runner builds it, before training.
-        self.evaluation_options: dict[str, Any] = {
-            "val_samples": val_samples,
-            "test_samples": test_samples,
-            "sensitivity_taus": tuple(float(t) for t in sensitivity_taus),
-            "sensitivity_perturbations": sensitivity_perturbations,
-            "sensitivity_samples": sensitivity_samples,
-            "sensitivity_region": sensitivity_region,
-            "networks_per_forward": eval_networks_per_forward,
-        }
 
     # ------------------------------------------------------------------ overridable pieces
     def build_q(self, model: nn.Module) -> SparseQ:
@@ -530,6 +404,7 @@ class Zampling(FederatedModule):
             sampling=self.sampling,
             generator=self.generator(round_idx, client_id, "zampling_mask"),
             chain=self.local_runner.layers,
+            chain_gradients=chain_gradients_,
         )
 
     def local_holdout(self, client_id: int, num_samples: int) -> tuple[Tensor, Tensor]:

@@ -7,7 +7,7 @@ s_k ∈ R^n from the broadcast p; here the K clients of a process's share are st
 
 * the scores are one (K, n) tensor S, and every step computes P = p(S) for all clients;
 * each client draws its mask z_k ~ Bernoulli(p_k) on the CPU from its own ``zampling_mask``
-  stream, exactly as :meth:`~fedlightning.methods.zampling.SampledNetwork.resample` draws it
+  stream, exactly as :meth:`~fedlightning.models.sampled_network.SampledNetwork.resample` draws it
   (:func:`~fedlightning.models.zampling.bernoulli_draw`, one draw per step it takes, none on a
   padded step); the K masks are stacked and moved to the device once per step;
 * W = Q·Z for the K masks in one product (:meth:`SparseQ.matmat`), the K networks' forward and
@@ -45,7 +45,7 @@ from fedlightning.models.zampling import SparseQ, ZampledNetwork, bernoulli_draw
 
 if TYPE_CHECKING:
     from fedlightning.methods.zampling import Zampling
-    from fedlightning.methods.zampling_estimators import ScoreEstimator
+    from fedlightning.models.zampling_estimators import ScoreEstimator
 
 __all__ = ["StackedScores", "stacked_client_updates", "stacked_refusal", "train_scores_stacked"]
 

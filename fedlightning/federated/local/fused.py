@@ -20,7 +20,7 @@ The step equals ``loss.backward()`` followed by ``optimizer.step()`` up to float
 :func:`chain_gradients_` runs the same forward and backward on given (weight, bias) tensors and
 writes the gradients into given tensors: Zampling's clients (arXiv 2503.14246), whose weights
 are slices of w = Q·z, take their steps with it
-(:meth:`fedlightning.methods.zampling.SampledNetwork.fused_gradient_`).
+(:meth:`fedlightning.models.sampled_network.SampledNetwork.fused_gradient_`).
 :func:`chain_refusal` says which models qualify: exactly
 :class:`~fedlightning.models.mlp.MLP`, :class:`~fedlightning.models.linear.LogisticRegression`
 or an ``nn.Sequential`` of ``Flatten``, ``Linear`` and ``ReLU`` (a parametrised layer, e.g. a
@@ -317,7 +317,7 @@ class FusedRunner(LoopRunner):
 
     It serves the engine's default local work under plain ``torch.optim.SGD`` without
     clipping, and methods that declare ``hand_stepped`` (their steps are taken by hand on
-    :attr:`layers`, e.g. Zampling's :meth:`~fedlightning.methods.zampling.SampledNetwork.fused_gradient_`)
+    :attr:`layers`, e.g. Zampling's :meth:`~fedlightning.models.sampled_network.SampledNetwork.fused_gradient_`)
     with any client optimiser.
     """
 

@@ -4,8 +4,10 @@ Paper: Villani, Natale, Mallmann-Trenn, "Sampling networks by sampling: Zampling
 arXiv 2503.14246 (``zampling``: p = clip(s), the masked straight-through gradient); Zhou et al.,
 arXiv 1905.01067 (``zhou``: p = sigmoid(s), dL/ds = σ'(s)·Qᵀ∇_w L); Isik et al. (FedPM),
 arXiv 2209.15328 (``fedpm``: the same, times p). ``method.estimator`` picks one by name
-(:func:`score_estimator`); :class:`fedlightning.methods.zampling.Zampling` and its vectorised
-local work (:mod:`fedlightning.methods.zampling_stacked`) call only the strategy's methods.
+(:func:`score_estimator`); the client model :class:`fedlightning.models.sampled_network.SampledNetwork`,
+the method :class:`fedlightning.methods.zampling.Zampling` and its vectorised local work
+(:mod:`fedlightning.methods.zampling_stacked`) call only the strategy's methods. Pure maths on
+tensors: it sits with the models, below every method (``tests/test_import_layers.py``).
 """
 
 from __future__ import annotations
