@@ -1,9 +1,12 @@
-"""``fedlightning-dashboard PROJECT``: a saved W&B report of accuracy against bits, grouped by method.
+"""``fedlightning-dashboard PROJECT``: a saved W&B report of accuracy against bits, one line per setting.
 
-The report holds one panel grid over the project's runs, grouped by the ``method`` config key
-that :func:`fedlightning.tracking.flat_config` records: validation and test accuracy against
-cumulative uplink bits and total bits (log x-axis), and against rounds; each method a line,
-its mean over the runs of the group (seeds) with a standard-deviation band.
+The report holds one panel grid over the project's runs, grouped by the ``setting`` config key
+that :func:`fedlightning.tracking.flat_config` records (the overrides that change a run, the
+seed aside: :func:`fedlightning.tracking.setting`): validation and test accuracy against
+cumulative uplink bits and total bits (log x-axis), and against rounds; each setting of a grid
+(method × compressor × sampler × partition ...) a line, its mean over its seeds with a
+standard-deviation band. Grouping by one axis alone (``method``) would average a method's
+compressors into one line.
 
 Saving a report needs the network, a W&B login (``wandb login``) and W&B's report API, the
 ``wandb-workspaces`` package (``pip install 'fedlightning[dashboard]'`` or
@@ -27,7 +30,7 @@ X_AXES = (
     ("comm/bits_total", True, "cumulative uplink + downlink bits"),
     ("round", False, "round"),
 )
-GROUP_KEY = "method"
+GROUP_KEY = "setting"
 
 
 def report_spec(
@@ -37,11 +40,11 @@ def report_spec(
     metrics: Sequence[str] = ("val/acc", "test/acc"),
     title: str | None = None,
 ) -> dict[str, Any]:
-    """The report as plain data: one panel per (metric, x-axis), runs grouped by ``method``.
+    """The report as plain data: one panel per (metric, x-axis), runs grouped by ``setting``.
 
     >>> spec = report_spec("fl")
     >>> [p["x"] for p in spec["panels"]][:3], spec["panels"][0]["groupby"]
-    (['comm/uplink_bits_total', 'comm/bits_total', 'round'], 'config.method')
+    (['comm/uplink_bits_total', 'comm/bits_total', 'round'], 'config.setting')
     """
     panels = [
         {
@@ -60,8 +63,8 @@ def report_spec(
         "project": project,
         "entity": entity,
         "title": title or f"{project}: accuracy at equal bits",
-        "description": "Accuracy against the bits that crossed the wire, one line per method "
-        "(mean over its runs, standard-deviation band); written by fedlightning-dashboard.",
+        "description": "Accuracy against the bits that crossed the wire, one line per setting "
+        "(mean over its seeds, standard-deviation band); written by fedlightning-dashboard.",
         "runset_groupby": [f"config.{GROUP_KEY}"],
         "panels": panels,
     }
@@ -139,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``fedlightning-dashboard`` command."""
     parser = argparse.ArgumentParser(
         prog="fedlightning-dashboard",
-        description="Create a saved W&B report of accuracy against bits, runs grouped by method.",
+        description="Create a saved W&B report of accuracy against bits, one line per setting (its seeds averaged).",
     )
     parser.add_argument("project", help="the W&B project the runs were logged to (logger.wandb.project)")
     parser.add_argument("--entity", default=None, help="the W&B user or team (default: yours)")

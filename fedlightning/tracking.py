@@ -1,10 +1,12 @@
 """Weights & Biases runs that say what they ran: config, group, tags, name, bit axes, results.
 
-* :func:`run_labels` gives a run its ``group`` (the experiment, else the sweep folder, else
-  ``<method>-<data>``), ``tags`` (``method:<name>``, ``compressor:<name>``, ...), ``name`` (the
-  overrides of the job, else its choices) and ``job_type``.
+* :func:`run_labels` gives a run its ``group`` (its :func:`setting`: the overrides that change
+  it, the seed aside, so a grid's runs of one setting share a group and its other settings do
+  not), ``tags`` (``method:<name>``, ``compressor:<name>``, ..., ``experiment:<name>``,
+  ``sweep:<date>/<time>``), ``name`` (the overrides of the job, else its choices) and ``job_type``.
 * :func:`flat_config` is the resolved config flattened to dotted keys, plus the config-group
-  choices under their own names (``method``, ``compressor``, ``partition``, ...) and ``seed``.
+  choices under their own names (``method``, ``compressor``, ``partition``, ...), ``seed`` and
+  ``setting``.
 * :func:`define_bit_axes` declares ``comm/uplink_bits_total`` the x-axis of every ``val/*``,
   ``test/*`` and ``train/*`` metric; ``comm/bits_total`` and ``round`` are logged in the same
   rows, so either can be chosen as x-axis instead.
@@ -17,6 +19,7 @@
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,6 +35,10 @@ TAGGED_GROUPS = ("method", "compressor", "downlink", "sampler", "partition", "da
 CHOICE_GROUPS = (*TAGGED_GROUPS, "model", "failures", "experiment")
 #: Overrides that do not say what a run computes, left out of its name.
 UNNAMED_OVERRIDES = ("hydra.", "data.root=", "logger", "threads=", "ckpt_path=", "print_config=", "trainer.enable")
+#: Overrides that draw a replicate of a setting rather than choose one: left out of :func:`setting`.
+REPLICATE_OVERRIDES = ("seed=",)
+#: W&B's longest group name.
+MAX_GROUP = 128
 #: The x-axis of every accuracy and loss; :data:`OTHER_AXES` are logged in the same rows.
 BITS_AXIS = "comm/uplink_bits_total"
 OTHER_AXES = ("comm/bits_total", "comm/downlink_bits_total", "round")
@@ -64,6 +71,39 @@ def choice(cfg: DictConfig, choices: Mapping[str, str | None], group: str) -> st
     return "none"
 
 
+def _named(overrides: Sequence[str]) -> list[str]:
+    """The overrides that change what a run computes (not ``hydra.*``, ``data.root``, ``threads``, ...)."""
+    return [o for o in overrides if not o.lstrip("+~").startswith(UNNAMED_OVERRIDES)]
+
+
+def setting(cfg: DictConfig, *, choices: Mapping[str, str | None], overrides: Sequence[str] = ()) -> str:
+    """What a run computes, its seed aside: the overrides that change it, sorted, else ``<method>-<data>``.
+
+    Runs of one setting under different seeds share it, and runs that differ in anything else
+    do not, so grouping by it draws one mean and spread per setting of a grid. A
+    ``+experiment=...`` is one of the overrides, so an experiment's settings are its own.
+
+    >>> cfg = OmegaConf.create({"seed": 0, "compressor": {}})
+    >>> [setting(cfg, choices={"method": "fedavg"}, overrides=[f"seed={s}", "compressor=top_k", "threads=1"])
+    ...  for s in (0, 1)]
+    ['compressor=top_k', 'compressor=top_k']
+    >>> setting(cfg, choices={"method": "fedavg", "data": "digits"}, overrides=["seed=3"])
+    'fedavg-digits'
+    """
+    kept = sorted(o for o in _named(overrides) if not o.lstrip("+~").startswith(REPLICATE_OVERRIDES))
+    if kept:
+        return " ".join(kept)
+    return f"{choice(cfg, choices, 'method')}-{choice(cfg, choices, 'data')}"
+
+
+def _bounded(text: str, limit: int) -> str:
+    """``text``, or where longer than ``limit`` its start and a hash of the whole (distinct texts stay distinct)."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    return f"{text[: limit - 12]} #{digest}"
+
+
 def run_labels(
     cfg: DictConfig,
     *,
@@ -73,24 +113,26 @@ def run_labels(
 ) -> dict[str, Any]:
     """``group``, ``tags``, ``name`` and ``job_type`` of a run's W&B run.
 
+    The group is the run's :func:`setting`, so W&B's grouping by group draws, for each setting
+    of a grid, the mean over its seeds with their spread; the experiment and the sweep folder
+    are tags.
+
     >>> cfg = OmegaConf.create({"seed": 1, "compressor": {}})
     >>> labels = run_labels(cfg, choices={"method": "fedavg", "data": "digits"}, overrides=["seed=1"])
     >>> labels["group"], labels["name"], labels["tags"][:2], labels["job_type"]
     ('fedavg-digits', 'seed=1', ['method:fedavg', 'compressor:none'], 'train')
     """
     picked = {group: choice(cfg, choices, group) for group in TAGGED_GROUPS}
+    tags = [f"{g}:{v}" for g, v in picked.items()]
     experiment = choices.get("experiment")
     if experiment:
-        group = str(experiment)
-    elif sweep_dir is not None:
-        group = "/".join(Path(sweep_dir).parts[-2:])  # multirun/<date>/<time>: "<date>/<time>"
-    else:
-        group = f"{picked['method']}-{picked['data']}"
-    named = [o for o in overrides if not o.lstrip("+~").startswith(UNNAMED_OVERRIDES)]
-    name = " ".join(named) or f"{picked['method']} {picked['compressor']} seed={cfg.get('seed')}"
+        tags.append(f"experiment:{experiment}")
+    if sweep_dir is not None:
+        tags.append("sweep:" + "/".join(Path(sweep_dir).parts[-2:]))  # multirun/<date>/<time>: "<date>/<time>"
+    name = " ".join(_named(overrides)) or f"{picked['method']} {picked['compressor']} seed={cfg.get('seed')}"
     return {
-        "group": group[:128],
-        "tags": [f"{g}:{v}"[:64] for g, v in picked.items()],
+        "group": _bounded(setting(cfg, choices=choices, overrides=overrides), MAX_GROUP),
+        "tags": [tag[:64] for tag in tags],
         "name": name[:128],
         "job_type": "sweep" if sweep_dir is not None else "train",
     }
@@ -119,6 +161,7 @@ def flat_config(cfg: DictConfig, *, choices: Mapping[str, str | None], overrides
         if group in TAGGED_GROUPS or choices.get(group):
             out[group] = choice(cfg, choices, group)
     out["seed"] = int(cfg.seed)
+    out["setting"] = setting(cfg, choices=choices, overrides=overrides)
     out["overrides"] = " ".join(overrides)
     return out
 

@@ -70,7 +70,8 @@ def test_wandb_offline_run_carries_config_group_tags_name_and_bit_axes(
     )
     assert config["method._target_"] == "fedlightning.methods.FedAvg" and config["rounds"] == 2
     assert config["partition.alpha"] == 0.5  # the flattened resolved config
-    assert recorded.group == "2026-12-01/10-00-00" and recorded.job_type == "sweep"
+    assert recorded.group == "compressor=natural rounds=2" and recorded.job_type == "sweep"  # the seed aside
+    assert config["setting"] == recorded.group
     assert recorded.name == "compressor=natural seed=3 rounds=2"  # data.root says nothing about the run
     assert recorded.tags == [
         "method:fedavg",
@@ -79,6 +80,7 @@ def test_wandb_offline_run_carries_config_group_tags_name_and_bit_axes(
         "sampler:full",
         "partition:dirichlet",
         "data:digits",
+        "sweep:2026-12-01/10-00-00",
     ]
     for name in ("val/acc", "test/acc", "val/loss", "test/loss", "train/loss", "val/acc_best"):
         assert recorded.step_metric(name) == "comm/uplink_bits_total", name
@@ -102,15 +104,41 @@ def test_wandb_offline_run_carries_config_group_tags_name_and_bit_axes(
     assert any("bits_to_target" in a["name"] for a in recorded.artifacts if a["type"] == "run_table")
 
 
-def test_run_labels_group_by_experiment_then_sweep_folder_then_method_and_data() -> None:
+def test_runs_of_one_setting_share_a_group_across_seeds_and_other_settings_do_not() -> None:
     cfg = OmegaConf.create({"seed": 0, "compressor": {}, "downlink": {}})
     base = {"method": "diana", "data": "golub", "sampler": "full", "partition": "iid"}
-    assert run_labels(cfg, choices={**base, "experiment": "diana_golub"}, sweep_dir="m/d/t")["group"] == "diana_golub"
-    assert run_labels(cfg, choices=base, sweep_dir="multirun/d/t")["group"] == "d/t"
+    grid = [
+        [f"seed={seed}", f"method={method}", f"compressor={compressor}", "data.root=/x"]
+        for seed in (0, 1, 2)
+        for method in ("diana", "fedavg")
+        for compressor in ("top_k", "qsgd")
+    ]
+    groups = {
+        tuple(job): run_labels(cfg, choices=base, overrides=job, sweep_dir="multirun/d/t")["group"] for job in grid
+    }
+    assert len(set(groups.values())) == 4  # one group per (method, compressor), whatever the seed
+    assert groups["seed=0", "method=fedavg", "compressor=qsgd", "data.root=/x"] == "compressor=qsgd method=fedavg"
+    assert groups["seed=2", "method=fedavg", "compressor=qsgd", "data.root=/x"] == "compressor=qsgd method=fedavg"
+    swept = run_labels(
+        cfg,
+        choices={**base, "experiment": "diana_golub"},
+        overrides=["+experiment=diana_golub"],
+        sweep_dir="multirun/d/t",
+    )
+    assert swept["group"] == "+experiment=diana_golub" and swept["job_type"] == "sweep"
+    assert "experiment:diana_golub" in swept["tags"] and "sweep:d/t" in swept["tags"]
     labels = run_labels(cfg, choices=base, overrides=["hydra.run.dir=x", "threads=2", "logger=wandb"])
     assert labels["group"] == "diana-golub" and labels["job_type"] == "train"
     assert labels["name"] == "diana none seed=0"  # no override that changes the run: the choices
     assert "compressor:none" in labels["tags"] and "downlink:none" in labels["tags"]
+
+
+def test_a_group_longer_than_w_and_b_takes_keeps_settings_apart() -> None:
+    cfg = OmegaConf.create({"seed": 0})
+    long = [f"method.option_{k}=value_{k}" for k in range(12)]
+    a = run_labels(cfg, choices={}, overrides=[*long, "method.lr=0.1"])["group"]
+    b = run_labels(cfg, choices={}, overrides=[*long, "method.lr=0.2"])["group"]
+    assert len(a) == len(b) == 128 and a != b
 
 
 def test_flat_config_keeps_every_leaf_under_its_dotted_key() -> None:
@@ -118,6 +146,7 @@ def test_flat_config_keeps_every_leaf_under_its_dotted_key() -> None:
     flat = flat_config(cfg, choices={"method": "fedavg"}, overrides=["seed=1"])
     assert flat["rounds"] == 1 and flat["method.opt.lr"] == 0.1  # resolved
     assert flat["method"] == "fedavg" and flat["compressor"] == "none" and flat["overrides"] == "seed=1"
+    assert flat["setting"] == "fedavg-none"  # no override but the seed: the method and data choices
 
 
 def test_bits_to_target_is_the_first_evaluation_reaching_the_target() -> None:
@@ -160,13 +189,13 @@ def test_dashboard_without_the_report_api_writes_the_spec_of_bits_panels_grouped
     captured = capsys.readouterr()
     assert "pip install wandb-workspaces" in captured.err and "--from-spec" in captured.out
     spec = json.loads((tmp_path / "dash.json").read_text())
-    assert spec["project"] == "fl-project" and spec["runset_groupby"] == ["config.method"]
+    assert spec["project"] == "fl-project" and spec["runset_groupby"] == ["config.setting"]
     panels = {(p["y"][0], p["x"]): p for p in spec["panels"]}
     assert set(panels) == {
         (y, x) for y in ("val/acc", "test/acc") for x in ("comm/uplink_bits_total", "comm/bits_total", "round")
     }
     assert panels["val/acc", "comm/uplink_bits_total"]["log_x"] and not panels["val/acc", "round"]["log_x"]
-    assert all(p["groupby"] == "config.method" and p["groupby_rangefunc"] == "stddev" for p in panels.values())
+    assert all(p["groupby"] == "config.setting" and p["groupby_rangefunc"] == "stddev" for p in panels.values())
     assert (
         "| val/acc vs cumulative uplink bits | val/acc | comm/uplink_bits_total | yes |"
         in (tmp_path / "dash.md").read_text()
