@@ -133,6 +133,40 @@ def test_dcsgd_auto_step_refuses_a_compressor_without_finite_delta(
     assert module.objective_history == []  # stopped before any round
 
 
+@pytest.mark.parametrize(
+    ("cls", "kwargs"),
+    [(DCSGD, {}), (DIANA, {}), (VRDIANA, {"variant": "lsvrg"}), (VRDIANA, {"variant": "saga"})],
+    ids=["dcsgd", "diana", "vr_diana_lsvrg", "vr_diana_saga"],
+)
+def test_auto_step_on_a_nonlinear_model_is_refused_naming_the_fix(cls: type, kwargs: dict[str, Any]) -> None:
+    dm = datamodule()
+    model = build_model("mlp", input_shape=dm.input_shape, num_classes=2, hidden=[4])
+    module = cls(model=model, datamodule=dm, seed=0, **kwargs)
+    trainer = L.Trainer(
+        max_steps=1,
+        callbacks=[UplinkCompression(NaturalCompression(), granularity="model")],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    with pytest.raises(ConfigError) as err:
+        trainer.fit(module)
+    assert str(err.value) == (
+        "method.lr=auto takes its step from the smoothness L of the local losses, which is computed only for a "
+        "linear model (model=digits_logreg, logreg or logistic) and not for MLP; set method.smoothness=<L> or a "
+        "fixed step method.lr=<value>, or choose a linear model."
+    )
+
+
+def test_a_given_smoothness_sets_the_auto_step_on_a_nonlinear_model() -> None:
+    dm = datamodule()
+    model = build_model("mlp", input_shape=dm.input_shape, num_classes=2, hidden=[4])
+    module = VRDIANA(model=model, datamodule=dm, seed=0, variant="saga", smoothness=2.0)
+    assert module.sample_smoothness() == module.smoothness() == 2.0
+
+
 class IterateRecorder(FederatedCallback):
     def __init__(self) -> None:
         self.iterates: list[torch.Tensor] = []

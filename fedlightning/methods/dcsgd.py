@@ -126,13 +126,22 @@ class GradientMethod(FederatedModule):
                 total += float(self.local_loss(self.model, x, y))
         return total / self.num_clients
 
+    def _refuse_nonlinear_model(self) -> None:
+        """Refuse a smoothness bound for a model whose L this class cannot compute (any but one Linear layer)."""
+        linear = [m for m in self.model.modules() if isinstance(m, nn.Linear)]
+        if len(linear) != 1 or sum(1 for p in self.model.parameters()) > 2:
+            raise ConfigError(
+                "method.lr=auto takes its step from the smoothness L of the local losses, which is computed only "
+                "for a linear model (model=digits_logreg, logreg or logistic) and not for "
+                f"{type(self.model).__name__}; set method.smoothness=<L> or a fixed step method.lr=<value>, "
+                "or choose a linear model."
+            )
+
     def smoothness(self) -> float:
         """``L`` of the local objectives (``smoothness`` or the logistic bound for linear models)."""
         if self.smoothness_setting is not None:
             return float(self.smoothness_setting)
-        linear = [m for m in self.model.modules() if isinstance(m, nn.Linear)]
-        if len(linear) != 1 or sum(1 for p in self.model.parameters()) > 2:
-            raise ConfigError("method.lr=auto needs method.smoothness for non-linear models.")
+        self._refuse_nonlinear_model()
         best = 0.0
         for cid in range(self.num_clients):
             x, _ = self.client_data(cid)
@@ -146,6 +155,7 @@ class GradientMethod(FederatedModule):
         """``max_j L_ij`` of single-sample losses (logistic bound), for the VR variants."""
         if self.smoothness_setting is not None:
             return float(self.smoothness_setting)
+        self._refuse_nonlinear_model()
         best = 0.0
         for cid in range(self.num_clients):
             x, _ = self.client_data(cid)
