@@ -51,6 +51,7 @@ __all__ = [
     "preflight",
     "refusal_sentence",
     "refuse_missing_accelerator",
+    "refuse_mps",
 ]
 
 #: The compression groups and the direction of the channel each one attaches to.
@@ -118,6 +119,7 @@ def check_trainer(trainer: Mapping[str, Any]) -> None:
             f"choose one of {', '.join(known)}."
         )
     refuse_missing_accelerator(trainer)
+    refuse_mps(accelerator)
     if accelerator not in ("cpu", "gpu", "cuda", "auto"):
         registered = AcceleratorRegistry[accelerator]["accelerator"]
         if not registered.is_available():
@@ -161,6 +163,24 @@ def _as_int(value: Any) -> int | None:
     if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
         return int(value)
     return None
+
+
+def refuse_mps(accelerator: str) -> None:
+    """Refuse Apple's MPS, named or chosen by ``auto`` (Lightning prefers it to the CPU where there is no CUDA).
+
+    The server's aggregator sums uploads in float64, so that any process count gives the same
+    model (:class:`fedlightning.federated.aggregators.WeightedMean`), and MPS has no float64.
+    """
+    import torch
+
+    if accelerator == "auto" and (torch.cuda.is_available() or not torch.backends.mps.is_available()):
+        return
+    if accelerator in ("mps", "auto"):
+        chosen = "" if accelerator == "mps" else " (auto chooses Apple's MPS on this machine)"
+        raise ConfigError(
+            f"trainer.accelerator={accelerator}{chosen} cannot hold the server's float64 sums of the uploads, "
+            "since MPS has no float64; use trainer.accelerator=cpu."
+        )
 
 
 def refuse_missing_accelerator(trainer: Mapping[str, Any]) -> None:

@@ -116,6 +116,10 @@ CATALOGUE: dict[str, tuple[list[str], list[str]]] = {
         ["method=zampling", "reports.zampling_evaluation.tst_samples=3"],
         ["reports.zampling_evaluation.tst_samples", "did you mean reports.zampling_evaluation.test_samples?"],
     ),
+    "Apple's MPS, which has no float64": (
+        ["trainer.accelerator=mps"],
+        ["trainer.accelerator=mps cannot hold the server's float64 sums", "trainer.accelerator=cpu"],
+    ),
     "a key that lives in another node": (
         ["method=zampling", "method.test_samples=3"],
         ["method.test_samples is not a key of the config", "did you mean reports.zampling_evaluation.test_samples?"],
@@ -215,3 +219,15 @@ def test_the_command_exits_1_printing_the_sentence_once_and_leaves_no_outputs_fo
         assert fragment in sentence, (fragment, sentence)
     assert result.stdout == ""
     assert not (tmp_path / "outputs").exists()  # Hydra's default run folder, outputs/<date>/<time>
+
+
+def test_auto_is_refused_where_it_would_choose_mps(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedlightning.preflight import refuse_mps
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match=r"^trainer.accelerator=auto \(auto chooses Apple's MPS on this machine\)"):
+        refuse_mps("auto")
+    refuse_mps("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # auto then chooses CUDA
+    refuse_mps("auto")
