@@ -329,14 +329,14 @@ def _locate(path: str, where: str) -> Any:
         module = ".".join(parts[:cut])
         try:
             obj: Any = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            missing = exc.name or module
-            if module != missing and not module.startswith(missing + "."):  # the module exists; an import inside failed
-                raise ConfigError(
-                    f"{where}._target_={path}: importing {module} failed ({exc}); install what it needs, "
-                    "or reinstall fedlightning if the missing module is its own."
-                ) from exc
-            continue
+        except ImportError as exc:
+            missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+            if missing is not None and (module == missing or module.startswith(missing + ".")):
+                continue  # no such module: try a shorter prefix
+            raise ConfigError(  # the module exists; an import inside it failed
+                f"{where}._target_={path}: importing {module} failed ({exc}); install what it needs, "
+                "or reinstall fedlightning if the missing module is its own."
+            ) from exc
         try:
             for attr in parts[cut:]:
                 obj = getattr(obj, attr)

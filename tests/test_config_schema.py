@@ -89,3 +89,12 @@ def test_a_target_whose_module_fails_to_import_names_the_missing_module_not_the_
 def test_a_misspelt_target_is_blamed_on_its_spelling(path: str) -> None:
     with pytest.raises(ConfigError, match=r"cannot be imported; check its spelling\.$"):
         _locate(path, "method")
+
+
+def test_a_target_whose_module_raises_an_import_error_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "half_installed_pkg.py").write_text("from json import no_such_name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        ConfigError, match=r"^model._target_=half_installed_pkg.Net: importing half_installed_pkg failed"
+    ):
+        _locate("half_installed_pkg.Net", "model")
