@@ -11,19 +11,14 @@ import lightning as L
 import pytest
 import torch
 
-from fedlightning.callbacks.compression import (
-    PENDING_KEY,
-    SHARED_KEY,
-    AggregateDownlinkChannel,
-    DownlinkCompression,
-    UplinkCompression,
-)
+from fedlightning.callbacks.compression import DownlinkCompression, UplinkCompression
 from fedlightning.compression import NaturalCompression, TopK
 from fedlightning.compression.codecs import Float32Codec
 from fedlightning.datamodules import DirichletPartition
 from fedlightning.datamodules.synthetic_logistic import SyntheticLogisticDataModule
 from fedlightning.errors import ConfigError
 from fedlightning.federated.channel import DownlinkChannel
+from fedlightning.federated.downlink import PENDING_KEY, SHARED_KEY, AggregateDownlinkChannel
 from fedlightning.federated.hooks import FederatedCallback
 from fedlightning.federated.params import flat_parameters
 from fedlightning.federated.payloads import Payload

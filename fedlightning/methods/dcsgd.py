@@ -10,7 +10,7 @@ operators), with ``compressor.error_feedback=true`` it is exactly Algorithm 4/6
 applies them (server SGD with lr 1); ``downlink=<name>`` (``downlink.scheme=aggregate``) adds
 Algorithm 1's master compression: the server broadcasts ``C_M`` of the averaged step and every
 node applies that same decoded step, so all share one ``x``
-(:class:`~fedlightning.callbacks.compression.AggregateDownlinkChannel`).
+(:class:`~fedlightning.federated.downlink.AggregateDownlinkChannel`).
 
 Step size ``lr="auto"`` reads the operator's metadata from the uplink channel
 (``module.uplink_channel.metadata(d)``):
