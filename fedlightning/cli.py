@@ -136,6 +136,23 @@ def _fail(sentence: str) -> None:
     sys.exit(1)
 
 
+def _sentence(exc: BaseException) -> str:
+    """:func:`fedlightning.jobs.error_sentence` of ``exc``, its hints read from the target index where it answers.
+
+    A misspelt key's hint may name a key a target takes (``did you mean +method.seed=...?``);
+    the index answers that without importing the target's module (:mod:`fedlightning.target_index`).
+    """
+    from fedlightning import target_index
+    from fedlightning.jobs import error_sentence
+    from fedlightning.schema import NotRecordedError, reading_records
+
+    held = target_index.load() if not isinstance(exc, FedLightningError) else None
+    if held is not None:
+        with contextlib.suppress(NotRecordedError), reading_records(held):
+            return error_sentence(exc)
+    return error_sentence(exc)
+
+
 def preflight_command(argv: list[str]) -> None:
     """Check the config of a plain run before Hydra makes its run folder (:mod:`fedlightning.preflight`).
 
@@ -145,6 +162,10 @@ def preflight_command(argv: list[str]) -> None:
     (``--config-name``/``--config-path``/``--config-dir``) and a process started by the first one
     (:mod:`fedlightning.launch`) are left to :func:`job`, which runs the same checks in
     :func:`fedlightning.run.run`.
+
+    The checks run first on the targets' records (:mod:`fedlightning.target_index`), which needs
+    no Lightning, then on the classes themselves; the second pass imports what the job imports
+    next, and then records the targets for the next command if their index is missing.
     """
     from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser
@@ -169,9 +190,17 @@ def preflight_command(argv: list[str]) -> None:
     overrides = [str(o) for o in cfg.hydra.overrides.task]
     with open_dict(cfg):
         del cfg["hydra"]
+    from fedlightning import target_index
     from fedlightning.preflight import preflight
 
-    preflight(cfg, choices=choices, overrides=overrides)
+    held = target_index.load()
+    if held is not None:  # the targets' records: a refusal before Lightning is imported
+        with target_index.record_pass(held):
+            preflight(cfg, choices=choices, overrides=overrides)
+    try:
+        preflight(cfg, choices=choices, overrides=overrides)  # the classes themselves
+    finally:
+        target_index.ensure()  # the targets are imported now: record them for the next command
 
 
 def main() -> None:
@@ -180,8 +209,6 @@ def main() -> None:
         preflight_command(sys.argv[1:])
         job()
         return
-    from fedlightning.jobs import error_sentence
-
     # Hydra prints a composition error over several lines (or a traceback) and exits itself
     # unless HYDRA_FULL_ERROR is set; set, it lets the error reach us.
     os.environ[FULL_ERROR] = "1"
@@ -189,7 +216,7 @@ def main() -> None:
         preflight_command(sys.argv[1:])  # what the config decides, before the run folder is made
         job()
     except (FedLightningError, HydraException, OmegaConfBaseException) as exc:
-        _fail(error_sentence(exc))
+        _fail(_sentence(exc))
     except OSError as exc:  # Hydra could not make the run folder or open its log there
         from fedlightning.folder_lock import write_failure
 

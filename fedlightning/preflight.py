@@ -21,14 +21,23 @@ the run folder; :func:`fedlightning.run.run` runs it again first thing (tests, n
 jobs of a multirun call ``run`` directly). A method class whose constructor changes its payload
 (Fed-IHT's ``client_threshold=none``, Zampling's ``upload=probabilities``) is checked on its
 declared payload here and on the instance's payload when the engine attaches the operator.
+
+The command runs it twice. The first pass reads the targets' records
+(:mod:`fedlightning.target_index`, under :func:`fedlightning.schema.reading_records`) and builds
+no Lightning object, so it refuses before Lightning is imported: it builds the operators and the
+channels as the full pass does, but not the callbacks around them (it runs the downlink scheme's
+own check, :func:`~fedlightning.federated.downlink.check_scheme`) nor the reports. Where a
+refusal would need them, or a target is not recorded, it raises
+:class:`~fedlightning.schema.NotRecordedError` and leaves the config to the second, full pass.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +47,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedlightning.errors import ConfigError
 from fedlightning.federated.channel import Channel, IncompatiblePayloadError
-from fedlightning.schema import _locate, _parameters, close_match, refuse_unread_overrides, validate_config
+from fedlightning.federated.downlink import AggregateDownlinkChannel, ReplicaDownlinkChannel, check_scheme
+from fedlightning.schema import (
+    REPORTS_REGISTRY,
+    UNRECORDED,
+    NotRecordedError,
+    _locate,
+    _parameters,
+    close_match,
+    records,
+    refuse_unread_overrides,
+    validate_config,
+)
 
 __all__ = [
     "check_compression",
@@ -58,6 +78,8 @@ __all__ = [
 COMPRESSION_GROUPS = {"compressor": "uplink", "downlink": "downlink"}
 #: Accelerator names the trainer takes besides those of Lightning's registry.
 ACCELERATOR_ALIASES = ("auto", "gpu")
+#: The callback whose downlink scheme the record pass checks itself (it builds no Lightning callback).
+DOWNLINK_CALLBACK = "fedlightning.callbacks.compression.DownlinkCompression"
 
 
 def preflight(
@@ -107,10 +129,15 @@ def refuse_selection_on_test(cfg: Mapping[str, Any]) -> None:
 
 def check_trainer(trainer: Mapping[str, Any]) -> None:
     """Refuse an unknown or missing accelerator, and a device or node count the trainer cannot take."""
-    from lightning.pytorch.accelerators import AcceleratorRegistry
+    held = records()
+    if held is None:
+        from lightning.pytorch.accelerators import AcceleratorRegistry
 
+        registry: Iterable[str] = AcceleratorRegistry.available_accelerators()
+    else:
+        registry = held.accelerators
     accelerator = str(trainer.get("accelerator", "auto")).lower()
-    known = sorted({*AcceleratorRegistry.available_accelerators(), *ACCELERATOR_ALIASES})
+    known = sorted({*registry, *ACCELERATOR_ALIASES})
     if accelerator not in known:
         match = close_match(accelerator, known)
         hint = f" (did you mean trainer.accelerator={match}?)" if match else ""
@@ -121,6 +148,8 @@ def check_trainer(trainer: Mapping[str, Any]) -> None:
     refuse_missing_accelerator(trainer)
     refuse_mps(accelerator)
     if accelerator not in ("cpu", "gpu", "cuda", "auto"):
+        if held is not None:
+            raise NotRecordedError(f"whether trainer.accelerator={accelerator} is available")
         registered = AcceleratorRegistry[accelerator]["accelerator"]
         if not registered.is_available():
             raise ConfigError(
@@ -246,7 +275,8 @@ def check_pair(method: Any, node: DictConfig, group: str, *, method_label: str, 
 
     Builds the operator and its callback (their constructors check their own settings), then
     attaches the operator to a channel of the method's declared payload. ``label``
-    (``compressor=top_k``) replaces the operator's own name in a constructor's refusal.
+    (``compressor=top_k``) replaces the operator's own name in a constructor's refusal. Reading
+    records, it builds no callback (see the module docstring).
     """
     from fedlightning.compression.codecs import Float32Codec
 
@@ -254,8 +284,12 @@ def check_pair(method: Any, node: DictConfig, group: str, *, method_label: str, 
     if not isinstance(operator_node, DictConfig) or "_target_" not in operator_node:
         return  # the callback's own check (schema, constructor) speaks at build time
     operator = _build_operator(operator_node, f"{group}.compressor")
-    callback = _build_callback(node, group, operator=operator, label=label)
     direction = COMPRESSION_GROUPS[group]
+    if records() is None:
+        callback = _build_callback(node, group, operator=operator, label=label)
+        scheme = getattr(callback, "scheme", "aggregate")
+    else:  # the record pass builds no callback; it runs the downlink callback's check of its scheme
+        scheme = _recorded_scheme(node, operator, label) if direction == "downlink" else "aggregate"
     granularity = node.get("granularity", "layer")
     if direction == "uplink":
         channel = Channel(direction="uplink", payload=method.uplink_payload, codec=Float32Codec(), method=method_label)
@@ -267,9 +301,6 @@ def check_pair(method: Any, node: DictConfig, group: str, *, method_label: str, 
             if error_feedback:
                 raise MethodNeedsError(operator=operator.name, need="no_error_feedback")
         return
-    from fedlightning.callbacks.compression import AggregateDownlinkChannel, ReplicaDownlinkChannel
-
-    scheme = getattr(callback, "scheme", "aggregate")
     downlink = AggregateDownlinkChannel if scheme == "aggregate" else ReplicaDownlinkChannel
     channel = downlink(
         payload=method.downlink_payload,
@@ -355,8 +386,6 @@ def check_reports(cfg: DictConfig, *, choices: Mapping[str, str | None] | None =
     declared reports are then built from their settings, so a value their constructor refuses
     (``reports.zampling_evaluation.test_samples=0``) stops the run before any data is read.
     """
-    from fedlightning.callbacks.declared import DECLARABLE, declared_callbacks, declared_reports
-
     reports = cfg.get("reports")
     method_node = cfg.get("method")
     if not isinstance(reports, DictConfig) or not isinstance(method_node, DictConfig):
@@ -365,14 +394,24 @@ def check_reports(cfg: DictConfig, *, choices: Mapping[str, str | None] | None =
     if not isinstance(target, str):
         return
     method = _locate(target, "method")
-    declared = declared_reports(method)
+    declarable = _locate(REPORTS_REGISTRY, "reports")
+    declared = tuple(getattr(method, "needed_callbacks", ()))
+    held = records()
+    if held is None:
+        from fedlightning.callbacks.declared import declared_reports
+
+        declared = declared_reports(method)  # refuses a name no report has
+    elif any(name not in declarable for name in declared):
+        raise NotRecordedError(f"the reports of {method.__name__}")
     for name in map(str, reports):
         settings = reports.get(name)
-        if name in declared or name not in DECLARABLE or not isinstance(settings, DictConfig):
+        if name in declared or name not in declarable or not isinstance(settings, DictConfig):
             continue
-        params, _, _ = _parameters(DECLARABLE[name])
+        params, _, _ = _parameters(declarable[name])
         for key in map(str, settings):
             default = params[key].default if key in params else None
+            if default is UNRECORDED:
+                raise NotRecordedError(f"the default of reports.{name}.{key}")
             if _plain(settings[key]) == _plain(default):
                 continue
             label = _label(method, "method", dict(choices or {})) or method.__name__
@@ -381,10 +420,28 @@ def check_reports(cfg: DictConfig, *, choices: Mapping[str, str | None] | None =
                 f"reports.{name}.{key} is read only by methods that declare the {name} report ({users}); "
                 f"{label} ignores it: drop the override or choose one of those methods."
             )
+    if held is not None:  # the record holds no constructor: it answers only for the defaults, which build
+        _refuse_unrecorded_settings(reports, declared, declarable)
+        return
+    from fedlightning.callbacks.declared import declared_callbacks
+
     try:
         declared_callbacks(method, settings=reports)
     except (ValueError, TypeError) as exc:
         raise constructor_error(exc, "reports", None) from None
+
+
+def _refuse_unrecorded_settings(reports: DictConfig, declared: Sequence[str], declarable: Mapping[str, Any]) -> None:
+    """Raise :class:`NotRecordedError` where a declared report has a setting other than its default."""
+    for name in declared:
+        settings = reports.get(name)
+        if not isinstance(settings, DictConfig):
+            continue
+        params, _, _ = _parameters(declarable[name])
+        for key in map(str, settings):
+            default = params[key].default if key in params else UNRECORDED
+            if default is UNRECORDED or _plain(settings[key]) != _plain(default):
+                raise NotRecordedError(f"reports.{name}.{key}, which only the report's constructor checks")
 
 
 def _plain(value: Any) -> Any:
@@ -463,13 +520,39 @@ def _build_callback(node: DictConfig, where: str, *, operator: Any, label: str |
     target = str(node.get("_target_"))
     factory = instantiate(node, _partial_=True, _recursive_=False)
     try:
-        with _quiet("fedlightning.callbacks.compression"):  # its warnings belong to the run
+        with _quiet("fedlightning.callbacks.compression"), _relabelled(operator, label):  # warnings: the run's
             return factory(compressor=operator)
-    except ConfigError as exc:
-        text = str(exc).replace(operator.name, label) if label else str(exc)
-        raise ConfigError(text) from None
     except (ValueError, TypeError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
         raise constructor_error(exc, where, target) from None
+
+
+@contextlib.contextmanager
+def _relabelled(operator: Any, label: str | None) -> Iterator[None]:
+    """A :class:`ConfigError` raised in the block names the operator by ``label`` (``downlink=top_k``)."""
+    try:
+        yield
+    except ConfigError as exc:
+        if not label:
+            raise
+        raise ConfigError(str(exc).replace(operator.name, label)) from None
+
+
+def _recorded_scheme(node: DictConfig, operator: Any, label: str | None) -> str:
+    """The downlink node's scheme (its value, else the recorded default), checked as its callback checks it."""
+    if node.get("_target_") != DOWNLINK_CALLBACK:
+        raise NotRecordedError(f"the scheme of {node.get('_target_')}")
+    if "scheme" in node:
+        scheme = node.scheme
+    else:
+        params, _, _ = _parameters(_locate(DOWNLINK_CALLBACK, "downlink"))
+        scheme = params["scheme"].default if "scheme" in params else UNRECORDED
+        if scheme is UNRECORDED or scheme is inspect.Parameter.empty:
+            raise NotRecordedError("the default of downlink.scheme")
+    with _relabelled(operator, label):
+        check_scheme(str(scheme), operator)
+    return str(scheme)
 
 
 # --- constructor errors in config names ---------------------------------------------------------
@@ -517,6 +600,8 @@ def _argument_names(target: str | None) -> list[str]:
         return []
     try:
         params, _, _ = _parameters(_locate(target, "node"))
+    except NotRecordedError:
+        raise
     except Exception:  # not importable: no names to qualify
         return []
     return list(params)

@@ -31,10 +31,17 @@ benchmarks, notebooks, each multirun job) gets it without registering anything f
 errors surface in one place as a sentence, inside the job whose folder records them. The cost is
 what ``run`` pays anyway: the targets' modules are imported (``run`` imports them next to build
 them) and a signature is read per node; no object is built.
+
+The command's pre-flight may read the targets from a record instead (:func:`reading_records`):
+what this module reads of each target (its keyword parameters, their defaults and annotations
+reduced to the verdicts :func:`_matches` gives, its declarations) is kept by
+:mod:`fedlightning.target_index`, so a refusal needs no import of Lightning. A target or a setting
+the record cannot answer for raises :class:`NotRecordedError`, and the live pass decides it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import enum
@@ -44,7 +51,8 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -55,12 +63,21 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 from fedlightning.errors import ConfigError
 
 __all__ = [
+    "DECLARATIONS",
     "GROUPS",
     "REPORTS_REGISTRY",
+    "UNRECORDED",
+    "NotRecordedError",
+    "RecordedHint",
+    "RecordedTarget",
+    "Records",
     "TrainSchema",
     "check_node_keys",
     "check_target_node",
     "close_match",
+    "reading_records",
+    "record_target",
+    "records",
     "refuse_unread_overrides",
     "target_keys",
     "validate_config",
@@ -156,7 +173,21 @@ REQUIRED = ("method", "model", "data", "partition", "sampler", "trainer", "round
 MAX_LISTED = 16
 #: Cheap range rules by key name, applied to numbers anywhere in a group node.
 POSITIVE_KEYS = frozenset({"lr"})
-AT_LEAST_ONE_KEYS = frozenset({"batch_size", "num_clients", "local_epochs", "local_steps"})
+AT_LEAST_ONE_KEYS = frozenset(
+    {
+        "batch_size",
+        "num_clients",
+        "local_epochs",
+        "local_steps",
+        # sampled-network counts (Zampling's evaluation report and local validation)
+        "val_samples",
+        "test_samples",
+        "local_val_samples",
+        "networks_per_forward",
+        "sensitivity_perturbations",
+        "sensitivity_samples",
+    }
+)
 NON_NEGATIVE_KEYS = frozenset({"weight_decay", "momentum"})
 #: Keys that name a file to read: it must exist when set.
 FILE_KEYS = frozenset({"partition_file"})
@@ -323,7 +354,15 @@ def _check_reports(cfg: DictConfig) -> None:
 
 
 def _locate(path: str, where: str) -> Any:
-    """The object at a dotted ``_target_`` path (the longest importable module, then attributes)."""
+    """The object at a dotted ``_target_`` path (the longest importable module, then attributes).
+
+    While :func:`reading_records` is active, the recorded target instead (or :class:`NotRecordedError`).
+    """
+    held = _RECORDS.get()
+    if held is not None:
+        if path not in held.targets:
+            raise NotRecordedError(path)
+        return held.targets[path]
     parts = path.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         module = ".".join(parts[:cut])
@@ -359,6 +398,8 @@ def _parameters(target: Any) -> tuple[dict[str, inspect.Parameter], dict[str, An
     A class contributes the ``__init__`` of each class of its MRO for as long as they take
     ``**kwargs`` and belong to this package (they forward them to the next ``__init__``).
     """
+    if isinstance(target, RecordedTarget):
+        return dict(target.parameters), dict(target.hints), target.accepts_any
     functions: list[Callable[..., Any]] = []
     accepts_any = False
     if inspect.isclass(target):
@@ -412,6 +453,8 @@ def target_keys(node: Mapping[Any, Any]) -> list[str]:
         return []
     try:
         params, _, _ = _parameters(_locate(target_path, "node"))
+    except NotRecordedError:
+        raise
     except Exception:  # a target that does not import: its node's own keys are all we know
         return []
     return [name for name in params if name not in ("model", "datamodule", "params", "inputs")]
@@ -538,11 +581,15 @@ def _verdict(value: Any, annotation: Any) -> bool | None:
 
 def _matches(value: Any, annotation: Any) -> bool:
     """Whether ``value`` may be passed for ``annotation``; unknown annotations never refuse."""
+    if isinstance(annotation, RecordedHint):
+        return annotation.matches(value)
     verdicts = [_verdict(value, member) for member in _members(annotation)]
     return any(v is None or v for v in verdicts)
 
 
 def _describe(annotation: Any) -> str:
+    if isinstance(annotation, RecordedHint):
+        return annotation.description
     parts = []
     for member in _members(annotation):
         if typing.get_origin(member) is Literal:
@@ -560,3 +607,188 @@ def _show(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
     return repr(value) if isinstance(value, str) else str(value)
+
+
+# --- targets read from a record ----------------------------------------------------------------
+
+#: The class attributes the pre-flight reads of a method (:mod:`fedlightning.preflight`), recorded with it.
+DECLARATIONS = (
+    "uplink_payload",
+    "downlink_payload",
+    "per_client_downlink",
+    "uplink_needs_unbiased",
+    "needed_callbacks",
+)
+#: One config value of each kind: a member's verdict on a value depends only on the value's kind
+#: (a ``Literal``'s, which depends on the value, is recorded as its values instead).
+_KIND_SAMPLES: dict[str, Callable[[], Any]] = {
+    "none": lambda: None,
+    "bool": lambda: True,
+    "int": lambda: 3,
+    "float": lambda: 0.5,
+    "str": lambda: "x",
+    "mapping": lambda: OmegaConf.create({}),
+    "sequence": lambda: OmegaConf.create([]),
+}
+_PLAIN = (str, int, float, bool, type(None))
+
+
+class NotRecordedError(Exception):
+    """The record cannot answer for a target or a setting: the live pre-flight decides it."""
+
+
+class _Unrecorded:
+    def __repr__(self) -> str:
+        return "UNRECORDED"
+
+
+UNRECORDED: Any = _Unrecorded()
+"""The recorded default of a parameter whose default is not plain data (an enum, a tensor, a callable)."""
+
+
+def _kind(value: Any) -> str:
+    """The kind of a config value, as :data:`_KIND_SAMPLES` names it.
+
+    >>> _kind(True), _kind(2), _kind(OmegaConf.create([1]))
+    ('bool', 'int', 'sequence')
+    """
+    if value is None:
+        return "none"
+    for kind, types_ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if isinstance(value, types_):
+            return kind
+    if isinstance(value, DictConfig | dict):
+        return "mapping"
+    if isinstance(value, ListConfig | list | tuple):
+        return "sequence"
+    raise NotRecordedError(f"a value of type {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class RecordedHint:
+    """An annotation as :func:`_matches` and :func:`_describe` read it, without the annotation's types.
+
+    ``members`` holds one entry per member of the annotation (each member of a union): a
+    ``Literal``'s values as a tuple, else the member's verdict per kind of value (True, False, or
+    None for a member the schema does not check).
+
+    >>> hint = RecordedHint.of(Literal["layer", "model"] | None)
+    >>> hint.matches("model"), hint.matches("block"), hint.matches(None), hint.description
+    (True, False, True, "one of 'layer', 'model' or null")
+    """
+
+    description: str
+    members: tuple[tuple[Any, ...] | Mapping[str, bool | None], ...]
+
+    @classmethod
+    def of(cls, annotation: Any) -> RecordedHint:
+        members: list[tuple[Any, ...] | Mapping[str, bool | None]] = []
+        for member in _members(annotation):
+            if typing.get_origin(member) is Literal:
+                values = typing.get_args(member)
+                if not all(type(v) in _PLAIN for v in values):
+                    raise NotRecordedError(f"a Literal of {values!r}")
+                members.append(tuple(values))
+            else:
+                members.append({kind: _verdict(sample(), member) for kind, sample in _KIND_SAMPLES.items()})
+        return cls(_describe(annotation), tuple(members))
+
+    def matches(self, value: Any) -> bool:
+        """:func:`_matches` of the recorded annotation."""
+        kind = _kind(value)
+        verdicts = [value in m if isinstance(m, tuple) else m[kind] for m in self.members]
+        return any(v is None or v for v in verdicts)
+
+
+class RecordedTarget:
+    """A ``_target_`` as this module and the pre-flight read it, standing in for the class or function.
+
+    It has the target's ``__name__``, ``__module__`` and ``__qualname__``, the keyword parameters
+    :func:`_parameters` gives (defaults as plain data, else :data:`UNRECORDED`; annotations as
+    :class:`RecordedHint`), and the :data:`DECLARATIONS` the target has, as attributes.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        module: str,
+        qualname: str,
+        parameters: Mapping[str, inspect.Parameter],
+        hints: Mapping[str, RecordedHint],
+        accepts_any: bool,
+        declarations: Mapping[str, Any],
+    ) -> None:
+        self.__name__ = name
+        self.__module__ = module
+        self.__qualname__ = qualname
+        self.parameters = dict(parameters)
+        self.hints = dict(hints)
+        self.accepts_any = accepts_any
+        self.declarations = dict(declarations)
+
+    def __getattr__(self, name: str) -> Any:  # only names the instance lacks: the declarations
+        try:
+            return self.__dict__["declarations"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __repr__(self) -> str:
+        return f"RecordedTarget({self.__module__}.{self.__qualname__})"
+
+
+def _plain_default(default: Any) -> Any:
+    """A default as plain data (tuples as lists), :data:`UNRECORDED` where it is not plain data."""
+    if default is inspect.Parameter.empty or type(default) in _PLAIN:
+        return default
+    if type(default) in (list, tuple):
+        items = [_plain_default(d) for d in default]
+        return UNRECORDED if any(i is UNRECORDED for i in items) else items
+    return UNRECORDED
+
+
+def record_target(target: Any) -> RecordedTarget:
+    """What :func:`check_node_keys` and the pre-flight read of ``target`` (a class or function), held apart from it.
+
+    >>> from fedlightning.datamodules.partition import DirichletPartition
+    >>> recorded = record_target(DirichletPartition)
+    >>> recorded.__name__, "alpha" in recorded.parameters, recorded.hints["alpha"].matches("a")
+    ('DirichletPartition', True, False)
+    """
+    params, hints, accepts_any = _parameters(target)
+    return RecordedTarget(
+        name=str(getattr(target, "__name__", target)),
+        module=str(getattr(target, "__module__", "")),
+        qualname=str(getattr(target, "__qualname__", getattr(target, "__name__", target))),
+        parameters={name: p.replace(default=_plain_default(p.default)) for name, p in params.items()},
+        hints={name: RecordedHint.of(hint) for name, hint in hints.items()},
+        accepts_any=accepts_any,
+        declarations={name: getattr(target, name) for name in DECLARATIONS if hasattr(target, name)},
+    )
+
+
+@dataclass(frozen=True)
+class Records:
+    """Recorded targets by dotted path (a mapping such as :data:`REPORTS_REGISTRY` as name → target),
+    and the accelerator names of Lightning's registry."""
+
+    targets: Mapping[str, Any]
+    accelerators: tuple[str, ...]
+
+
+_RECORDS: ContextVar[Records | None] = ContextVar("fedlightning_records", default=None)
+
+
+@contextlib.contextmanager
+def reading_records(held: Records) -> Iterator[None]:
+    """Within the block, :func:`_locate` answers from ``held`` and raises :class:`NotRecordedError` for other paths."""
+    token = _RECORDS.set(held)
+    try:
+        yield
+    finally:
+        _RECORDS.reset(token)
+
+
+def records() -> Records | None:
+    """The records :func:`_locate` reads from, while :func:`reading_records` is active; else None."""
+    return _RECORDS.get()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,9 @@ def shared_data_root() -> Path:
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
+# The package's caches (the pre-flight's target index) go to a folder of this test process, not the user's.
+os.environ["FEDLIGHTNING_CACHE"] = tempfile.mkdtemp(prefix="fedlightning-test-cache-")
+atexit.register(shutil.rmtree, os.environ["FEDLIGHTNING_CACHE"], ignore_errors=True)
 
 CONFIG_DIR = REPO_ROOT / "configs"
 QUIET = ["logger=none", "trainer.enable_progress_bar=false", "checkpoint_every=0"]

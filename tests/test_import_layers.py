@@ -27,7 +27,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"compression", "sampling"}),
     frozenset({"methods"}),
     frozenset({"callbacks"}),
-    frozenset({"run", "preflight"}),
+    frozenset({"run", "preflight", "target_index"}),
     frozenset({"cli"}),
 )
 """The layers, lowest first: a module may import its own layer and the layers below it.

@@ -4,13 +4,15 @@ Each case of :data:`CATALOGUE` is a config whose problem shows without data. The
 point (:func:`fedlightning.cli.main`, what the ``fedlightning`` script calls) must exit with
 status 1 before Hydra's job starts (so before the run folder is made and any data is read),
 printing one line, ``fedlightning: error: <sentence>``, whose sentence names the config keys
-and the fix. The catalogue runs in this process (one import of torch for all of it); a few
-cases run the real command end to end.
+and the fix. The catalogue runs in this process, then each case as the real command, which must
+refuse within :data:`COMMAND_LIMIT_S` seconds (the target index of an earlier command in the
+cache, :mod:`fedlightning.target_index`, so that no refusal waits for Lightning to import).
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlightning import cli
+from fedlightning import cli, target_index
 from fedlightning.errors import ConfigError
 from fedlightning.run import run
 
@@ -137,6 +139,15 @@ if not torch.cuda.is_available():
 
 #: Seconds a refusal may take in this process (imports done): generous for a loaded machine.
 IN_PROCESS_LIMIT_S = 3.0
+#: Seconds of CPU a refusal may take as a command, imports included. CPU time, not wall time, so
+#: that the tests running beside it on a loaded machine do not count.
+COMMAND_LIMIT_S = 3.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _target_index() -> None:
+    """The target index in this test process's cache, as the first command on a machine leaves it."""
+    target_index.ensure()
 
 
 def test_the_catalogue_holds_at_least_15_refusals() -> None:
@@ -195,6 +206,30 @@ def test_a_plain_config_passes_the_preflight(monkeypatch: pytest.MonkeyPatch) ->
 
 
 # --- the real command, end to end ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("overrides", "fragments"), CATALOGUE.values(), ids=CATALOGUE)
+def test_the_command_refuses_within_3_s_of_cpu_once_in_config_names_without_a_folder(
+    overrides: list[str], fragments: list[str], tmp_path: Path
+) -> None:
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO_ROOT)}
+    env.pop(cli.FULL_ERROR, None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    begin = time.perf_counter()
+    cmd = [sys.executable, "-m", "fedlightning.cli", *QUIET, *overrides]
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - begin
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedlightning: error: "), result.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert result.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # no outputs/<date>/<time> folder
+    assert cpu < COMMAND_LIMIT_S, f"{cpu:.2f} s of CPU ({wall:.2f} s wall)"
+
 
 END_TO_END = {
     "zampling with top-k": ["method=zampling", "compressor=top_k"],

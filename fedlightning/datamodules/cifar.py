@@ -42,6 +42,7 @@ from torch import Tensor
 
 from fedlightning.datamodules.base import DataUnavailableError, FederatedDataModule, subset_indices
 from fedlightning.folder_lock import write_failure
+from fedlightning.paths import cache_dir as package_cache_dir
 
 __all__ = ["CIFAR10_CLASSES", "CIFAR10DataModule", "CIFAR100DataModule", "random_crop_flip"]
 
@@ -318,7 +319,7 @@ class CIFAR10DataModule(FederatedDataModule):
     def _jpeg_cache_path(self, tar_path: Path) -> Path | None:
         if self.cache_dir == "":
             return None
-        base = Path(self.cache_dir or os.environ.get("FEDLIGHTNING_CACHE") or Path.home() / ".cache" / "fedlightning")
+        base = Path(self.cache_dir) if self.cache_dir else package_cache_dir()
         st = tar_path.stat()
         return base.expanduser() / "cifar10-jpeg" / f"{tar_path.name}-{st.st_size}-{st.st_mtime_ns}.npz"
 
