@@ -20,6 +20,7 @@ full pass.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import inspect
@@ -84,9 +85,14 @@ def index_key(package: Path | None = None, configs: Path | None = None) -> str:
     return digest.hexdigest()[:32]
 
 
+@functools.cache
+def _this_key() -> str:
+    return index_key()  # the sources do not change under a running command
+
+
 def index_path(key: str | None = None) -> Path:
     """Where the index of ``key`` (default: this package's) is kept."""
-    return cache_dir() / f"target-index-{key or index_key()}.json"
+    return cache_dir() / f"target-index-{key or _this_key()}.json"
 
 
 def config_targets(folder: str | Path | None = None) -> list[str]:

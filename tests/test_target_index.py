@@ -191,7 +191,7 @@ def test_an_index_of_another_key_is_not_read(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(target_index, "build", lambda: Records(targets={}, accelerators=("cpu",)))
     target_index.ensure()
     assert target_index.load() == Records(targets={}, accelerators=("cpu",))
-    monkeypatch.setattr(target_index, "index_key", lambda package=None, configs=None: "another")
+    monkeypatch.setattr(target_index, "_this_key", lambda: "another")
     assert target_index.load() is None
 
 
