@@ -143,18 +143,29 @@ def build(targets: list[str] | None = None) -> Records:
 
 
 def load() -> Records | None:
-    """The index of this package's key, or None where there is none (or it does not read)."""
+    """The index of this package's key, or None where there is none (one that does not read is removed)."""
     try:
-        return records_from_json(json.loads(index_path().read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        path = index_path()
+        text = path.read_text()
+    except (OSError, RuntimeError) as exc:  # none yet, or no home folder to hold the cache
         log.debug("target index not read (%s)", exc)
+        return None
+    try:
+        return records_from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError) as exc:  # a damaged file: the next full pass writes it again
+        log.debug("target index %s does not read (%s); removed", path, exc)
+        with contextlib.suppress(OSError):
+            path.unlink()
         return None
 
 
 def ensure() -> None:
     """Write the index of this package's key unless it exists; a cache that cannot be written is passed over."""
-    path = index_path()
-    if path.is_file():
+    try:
+        path = index_path()
+        if path.is_file():
+            return
+    except (OSError, RuntimeError):  # no home folder to hold the cache
         return
     try:
         write_text_atomic(path, json.dumps(to_json(build())))

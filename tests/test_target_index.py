@@ -195,6 +195,16 @@ def test_an_index_of_another_key_is_not_read(tmp_path: Path, monkeypatch: pytest
     assert target_index.load() is None
 
 
+def test_a_damaged_index_is_removed_and_written_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEDLIGHTNING_CACHE", str(tmp_path))
+    monkeypatch.setattr(target_index, "build", lambda: Records(targets={}, accelerators=("cpu",)))
+    target_index.index_path().write_text('{"format": 1, "targets"')  # cut short by a full disk
+    assert target_index.load() is None
+    assert not target_index.index_path().exists()
+    target_index.ensure()
+    assert target_index.load() == Records(targets={}, accelerators=("cpu",))
+
+
 def test_a_refusal_from_the_index_imports_no_lightning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEDLIGHTNING_CACHE", str(tmp_path))
     target_index.ensure()
