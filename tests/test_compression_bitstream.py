@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedlightning.compression.bitstream import (
     BitReader,
@@ -20,6 +22,7 @@ from fedlightning.compression.index_coding import (
     log2_binomial,
     position_header_bits,
 )
+from fedlightning.errors import MessageDecodeError
 
 
 def test_scalar_and_array_codes_round_trip_with_exact_lengths() -> None:
@@ -147,3 +150,77 @@ def test_elias_gamma_codes_wider_than_64_bits_round_trip(values: list[int]) -> N
     assert n == sum(2 * v.bit_length() - 1 for v in values)
     r = BitReader(payload, n)
     assert r.read_elias_gamma_array(len(values)).tolist() == values and r.remaining == 0
+
+
+def _gamma_reads(reader: BitReader, count: int, *, array: bool) -> tuple[list[int], int] | str:
+    """The values and the reader's position after reading ``count`` gamma codes, or ``"refused"``."""
+    try:
+        if array:
+            values = reader.read_elias_gamma_array(count).tolist()
+        else:
+            values = [reader.read_elias_gamma() for _ in range(count)]
+    except MessageDecodeError:
+        return "refused"
+    return values, reader.position
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.integers(1, 40), st.integers(1, 2**64 - 1)), max_size=30),
+    skip=st.integers(0, 9),
+    cut=st.integers(0, 40),
+    extra=st.integers(0, 3),
+    noise=st.binary(max_size=24),
+)
+def test_the_gamma_array_reader_reads_every_stream_as_the_scalar_reader(
+    values: list[int], skip: int, cut: int, extra: int, noise: bytes
+) -> None:
+    w = BitWriter()
+    w.write_bits(0b101101101 & ((1 << skip) - 1), skip)
+    w.write_elias_gamma_array(np.array(values, dtype=np.uint64))
+    w.write_bitarray(np.unpackbits(np.frombuffer(noise, dtype=np.uint8)))
+    payload, n = w.getvalue()
+    n = max(skip, n - cut)  # a stream cut short, or codes followed by arbitrary bits
+    count = len(values) + extra
+    outcomes = []
+    for array in (True, False):
+        reader = BitReader(payload, n, codec="test")
+        reader.read_bits(skip)
+        outcomes.append(_gamma_reads(reader, count, array=array))
+    assert outcomes[0] == outcomes[1]
+
+
+def _rice_reads(reader: BitReader, count: int, b: int, *, array: bool) -> tuple[list[int], int] | str:
+    """The values and the reader's position after reading ``count`` Golomb–Rice codes, or ``"refused"``."""
+    try:
+        values = reader.read_rice_array(count, b).tolist() if array else [reader.read_rice(b) for _ in range(count)]
+    except MessageDecodeError:
+        return "refused"
+    return values, reader.position
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(st.integers(0, 300), max_size=30),
+    b=st.integers(0, 6),
+    skip=st.integers(0, 9),
+    cut=st.integers(0, 40),
+    extra=st.integers(0, 3),
+    noise=st.binary(max_size=24),
+)
+def test_the_rice_array_reader_reads_every_stream_as_the_scalar_reader(
+    values: list[int], b: int, skip: int, cut: int, extra: int, noise: bytes
+) -> None:
+    w = BitWriter()
+    w.write_bits(0b101101101 & ((1 << skip) - 1), skip)
+    w.write_rice_array(np.array(values, dtype=np.uint64), b)
+    w.write_bitarray(np.unpackbits(np.frombuffer(noise, dtype=np.uint8)))
+    payload, n = w.getvalue()
+    n = max(skip, n - cut)
+    count = len(values) + extra
+    outcomes = []
+    for array in (True, False):
+        reader = BitReader(payload, n, codec="test")
+        reader.read_bits(skip)
+        outcomes.append(_rice_reads(reader, count, b, array=array))
+    assert outcomes[0] == outcomes[1]

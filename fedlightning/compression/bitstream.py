@@ -342,10 +342,25 @@ class BitReader:
         return self.read_bits(zeros + 1)
 
     def read_elias_gamma_array(self, count: int) -> np.ndarray:
-        """``count`` Elias-gamma integers."""
+        """``count`` Elias-gamma integers: one table lookup per code to find it, then every value in bulk."""
         if count > self.remaining:
             raise self.error(f"{count} Elias gamma codes need at least {count} bits, {self.remaining} remain")
-        return np.array([self.read_elias_gamma() for _ in range(count)], dtype=np.uint64)
+        nxt = self._next_index(1)
+        pos, end = self._pos, self._num_bits
+        value_starts = np.empty(count, dtype=np.int64)  # each code: z zeros, then its value's z + 1 bits
+        widths = np.empty(count, dtype=np.int64)
+        for i in range(count):  # O(1) per code thanks to the next-one table
+            one = int(nxt[pos])
+            zeros = one - pos
+            if one >= end or one + zeros >= end or zeros >= 64:  # the scalar reader's error for this code
+                self._pos = pos
+                self.read_elias_gamma()
+                raise self.error("an Elias gamma code runs past the end of the stream")
+            value_starts[i] = one
+            widths[i] = zeros + 1
+            pos = one + zeros + 1
+        self._pos = pos
+        return self._gather(value_starts, widths)
 
     def read_elias_delta(self) -> int:
         """One Elias-delta integer."""
@@ -390,10 +405,18 @@ class BitReader:
         if b and int(quotients.max()) >> (64 - b):
             raise self.error(f"a Golomb-Rice quotient of {int(quotients.max())} overflows 64 bits with parameter {b}")
         self._pos = pos
-        q = quotients.astype(np.uint64) << np.uint64(b)
-        if b == 0:
-            return q
-        idx = rem_starts[:, None] + np.arange(b)[None, :]
-        bits = self._bits[idx].astype(np.uint64)
-        weights = np.uint64(1) << np.arange(b - 1, -1, -1, dtype=np.uint64)
-        return q | (bits * weights).sum(axis=1, dtype=np.uint64)
+        return (quotients.astype(np.uint64) << np.uint64(b)) | self._gather(rem_starts, np.full(count, b))
+
+    def _gather(self, starts: np.ndarray, widths: np.ndarray) -> np.ndarray:
+        """The unsigned integers of ``widths[i]`` (at most 64) bits at bit ``starts[i]``, one gather per width."""
+        values = np.zeros(starts.size, dtype=np.uint64)
+        if not starts.size:
+            return values
+        same = int(widths[0]) == int(widths.min()) == int(widths.max())
+        for width in [int(widths[0])] if same else np.unique(widths).tolist():
+            if width == 0:
+                continue
+            rows = slice(None) if same else np.flatnonzero(widths == width)
+            bits = self._bits[starts[rows][:, None] + np.arange(width)].astype(np.uint64)
+            values[rows] = (bits << np.arange(width - 1, -1, -1, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
+        return values
