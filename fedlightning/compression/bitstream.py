@@ -387,19 +387,17 @@ class BitReader:
         if count * (1 + b) > self.remaining:
             raise self.error(f"{count} Golomb-Rice codes need at least {count * (1 + b)} bits, {self.remaining} remain")
         nxt = self._next_index(0)
-        pos = self._pos
-        quotients = np.empty(count, dtype=np.int64)
-        rem_starts = np.empty(count, dtype=np.int64)
-        end = self._num_bits
-        for i in range(count):  # O(1) per symbol thanks to the next-zero table
+        pos, end = self._pos, self._num_bits
+        stops = np.empty(count, dtype=np.int64)  # each code: its quotient's ones, a zero (its stop), b bits
+        for i in range(count):  # one table lookup per code; the rest is computed in bulk below
             stop = int(nxt[pos])
-            if stop >= end:
-                raise self.error("a Golomb-Rice code runs past the end of the stream")
-            quotients[i] = stop - pos
-            rem_starts[i] = stop + 1
+            stops[i] = stop
             pos = stop + 1 + b
             if pos > end:
-                raise self.error("a Golomb-Rice remainder runs past the end of the stream")
+                part = "code" if stop >= end else "remainder"
+                raise self.error(f"a Golomb-Rice {part} runs past the end of the stream")
+        rem_starts = stops + 1
+        quotients = stops - np.concatenate([[self._pos], rem_starts[:-1] + b])
         if not 0 <= b < 64:
             raise self.error(f"a Golomb-Rice parameter of {b} leaves no room in 64 bits")
         if b and int(quotients.max()) >> (64 - b):
