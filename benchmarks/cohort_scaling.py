@@ -42,6 +42,8 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from perf.trainers import bare_trainer  # benchmarks/ is sys.path[0]
+
 from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.datamodules import IIDPartition, MNISTDataModule
 from fedlightning.datamodules.base import FederatedDataModule
@@ -147,18 +149,11 @@ def fedlightning_rounds(w: Workload, dm: FederatedDataModule, rounds: int, devic
     )
     timer = RoundTimer(device)
     sampler = [UniformSampler(clients_per_round=w.per_round)] if w.per_round < w.clients else []
-    trainer = L.Trainer(
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
-        max_steps=rounds + 1,
-        val_check_interval=1,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = bare_trainer(
         callbacks=[*sampler, CommunicationAccountant(), timer],
+        rounds=rounds + 1,
+        eval_every=1,
+        accelerator="gpu" if device.type == "cuda" else "cpu",
     )
     trainer.fit(module)
     return [b - a for a, b in zip(timer.starts, timer.starts[1:], strict=False)][1:]

@@ -22,6 +22,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from perf.trainers import bare_trainer  # benchmarks/ is sys.path[0]
 
 from fedlightning.datamodules import DigitsDataModule, IIDPartition
 from fedlightning.datamodules.mnist import MNISTDataModule
@@ -48,17 +49,7 @@ class FixedCohort(ClientSampler):
 
 
 def _trainer(rounds: int, sampler: ClientSampler) -> L.Trainer:
-    return L.Trainer(
-        max_steps=rounds,
-        val_check_interval=rounds,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[sampler],
-    )
+    return bare_trainer(callbacks=[sampler], rounds=rounds, eval_every=rounds)
 
 
 def one_seed(args: argparse.Namespace, seed: int) -> tuple[float, float, list[int], float]:

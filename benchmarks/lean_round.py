@@ -42,6 +42,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from perf.trainers import bare_trainer  # benchmarks/ is sys.path[0]
 
 from fedlightning.datamodules import IIDPartition, MNISTDataModule
 from fedlightning.federated.batches import local_batches
@@ -191,17 +192,7 @@ def engine_times(
         local_execution=local_execution,
     )
     timer = _Timer()
-    trainer = L.Trainer(
-        max_steps=rounds + 1,
-        val_check_interval=1,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[UniformSampler(clients_per_round=COHORT), timer],
-    )
+    trainer = bare_trainer(callbacks=[UniformSampler(clients_per_round=COHORT), timer], rounds=rounds + 1, eval_every=1)
     if profile:
         profiler = cProfile.Profile()
         profiler.runcall(trainer.fit, module)

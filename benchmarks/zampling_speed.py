@@ -62,6 +62,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from perf.trainers import bare_trainer  # benchmarks/ is sys.path[0]
 
 from fedlightning.callbacks.zampling_evaluation import ZamplingEvaluation
 from fedlightning.datamodules import IIDPartition, MNISTDataModule
@@ -250,15 +251,7 @@ def _one_round(module: L.LightningModule) -> float:
 
 def _round_trainer(rounds: int, callback: L.Callback) -> L.Trainer:
     """A bare Trainer for ``rounds`` full-participation rounds without validation, with ``callback``."""
-    return L.Trainer(
-        max_steps=rounds,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[FullParticipation(), callback],
-    )
+    return bare_trainer(callbacks=[FullParticipation(), callback], rounds=rounds)
 
 
 def _one_round_timed(module: L.LightningModule) -> float:
@@ -299,13 +292,7 @@ def round_benchmark(data_root: str, rounds: int) -> dict[str, list[float]]:
 def _one_validation(module: L.LightningModule, *reports: L.Callback) -> float:
     """Seconds of one validation pass of ``module`` (its expected network, and with ``reports`` for the
     Zampling family the sampled networks of :class:`~fedlightning.callbacks.zampling_evaluation.ZamplingEvaluation`)."""
-    trainer = L.Trainer(
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=list(reports),
-    )
+    trainer = bare_trainer(callbacks=reports)
     start = time.perf_counter()
     trainer.validate(module, verbose=False)
     return time.perf_counter() - start

@@ -29,6 +29,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from perf.trainers import bare_trainer  # benchmarks/ is sys.path[0]
 
 from fedlightning.datamodules import IIDPartition, MNISTDataModule
 from fedlightning.methods.zampling import Zampling
@@ -71,16 +72,8 @@ def time_backend(dm: MNISTDataModule, args: argparse.Namespace, backend: str) ->
     )
     timer = _RoundTimer(args.device)
     accelerator = "gpu" if args.device.startswith("cuda") else args.device
-    trainer = L.Trainer(
-        accelerator=accelerator,
-        devices=1,
-        max_steps=args.warmup + args.rounds,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[FullParticipation(), timer],
+    trainer = bare_trainer(
+        callbacks=[FullParticipation(), timer], rounds=args.warmup + args.rounds, accelerator=accelerator
     )
     trainer.fit(module)
     assert module.local_runner.name == backend, (module.local_runner.name, backend)
