@@ -56,6 +56,11 @@ LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 #: Warnings from library internals that the user cannot act on (regular expressions).
 SILENCED_WARNINGS = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning's pytree helper on torch >= 2.9
+    # What is logged at an evaluation is already the same on every process: its results, summed
+    # over the processes (fedlightning/federated/evaluation.py), the round, and the bit totals the
+    # accountant sums across processes every round (fedlightning/callbacks/accounting.py);
+    # sync_dist would only average equal numbers.
+    r"It is recommended to use `self\.log\('(?:val/|test/|comm/|round')",
 )
 
 

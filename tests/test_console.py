@@ -71,6 +71,17 @@ def test_a_compressed_run_prints_no_lightning_notice_and_names_its_compressor_by
         assert log_text.count(notice) == 1, notice
 
 
+def test_a_two_process_run_prints_its_result_once_and_no_lightning_advice_on_synced_values(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+    command = [sys.executable, "-m", "fedlightning.cli", "rounds=2", "trainer=ddp", f"hydra.run.dir={tmp_path}"]
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, timeout=300, check=False)
+    output = (done.stdout + done.stderr).decode()
+    assert done.returncode == 0, output[-3000:]
+    # the evaluation results, the round and the bit totals are the same on both processes
+    assert "sync_dist" not in output
+    assert sum(" - test/acc " in line for line in output.splitlines()) == 1
+
+
 def test_print_config_prints_the_resolved_config(
     make_config: Callable[..., DictConfig], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
