@@ -769,8 +769,13 @@ def record_target(target: Any) -> RecordedTarget:
 
 @dataclass(frozen=True)
 class Records:
-    """Recorded targets by dotted path (a mapping such as :data:`REPORTS_REGISTRY` as name → target),
-    and the accelerator names of Lightning's registry."""
+    """What the pre-flight reads without importing the targets.
+
+    Attributes:
+        targets: dotted path → :class:`RecordedTarget` (a mapping such as :data:`REPORTS_REGISTRY`:
+            name → :class:`RecordedTarget`).
+        accelerators: the accelerator names of Lightning's registry.
+    """
 
     targets: Mapping[str, Any]
     accelerators: tuple[str, ...]
