@@ -144,12 +144,15 @@ def _sentence(exc: BaseException) -> str:
     """
     from fedlightning import target_index
     from fedlightning.jobs import error_sentence
-    from fedlightning.schema import NotRecordedError, reading_records
+    from fedlightning.schema import reading_records
 
     held = target_index.load() if not isinstance(exc, FedLightningError) else None
     if held is not None:
-        with contextlib.suppress(NotRecordedError), reading_records(held):
-            return error_sentence(exc)
+        try:
+            with reading_records(held):
+                return error_sentence(exc)
+        except Exception as failure:  # the index cannot answer: the classes can
+            logging.getLogger(__name__).debug("error sentence from the target index failed (%r)", failure)
     return error_sentence(exc)
 
 
