@@ -231,31 +231,6 @@ def test_the_command_refuses_within_3_s_of_cpu_once_in_config_names_without_a_fo
     assert cpu < COMMAND_LIMIT_S, f"{cpu:.2f} s of CPU ({wall:.2f} s wall)"
 
 
-END_TO_END = {
-    "zampling with top-k": ["method=zampling", "compressor=top_k"],
-    "no devices": ["trainer.devices=0"],
-    "top-k fraction above one": ["compressor=top_k", "compressor.compressor.fraction=1.5"],
-}
-#: Data that cannot be read: a refusal that came after reading data would tell of data.root instead.
-UNREADABLE_DATA = ["data=mnist", "model=mnistfc", "data.root=/nonexistent/fedlightning-data"]
-
-
-@pytest.mark.parametrize("case", END_TO_END)
-def test_the_command_exits_1_printing_the_sentence_once_and_leaves_no_outputs_folder(case: str, tmp_path: Path) -> None:
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO_ROOT)}
-    env.pop(cli.FULL_ERROR, None)
-    cmd = [sys.executable, "-m", "fedlightning.cli", *UNREADABLE_DATA, *END_TO_END[case]]
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 1, result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr[-2000:]  # no ERROR log line, no warning, no traceback
-    sentence = lines[0].removeprefix("fedlightning: error: ")
-    for fragment in CATALOGUE[case][1]:
-        assert fragment in sentence, (fragment, sentence)
-    assert result.stdout == ""
-    assert not (tmp_path / "outputs").exists()  # Hydra's default run folder, outputs/<date>/<time>
-
-
 def test_auto_is_refused_where_it_would_choose_mps(monkeypatch: pytest.MonkeyPatch) -> None:
     from fedlightning.preflight import refuse_mps
 
