@@ -92,6 +92,7 @@ from fedlightning.federated.message import Message
 from fedlightning.federated.options import check_engine_options
 from fedlightning.federated.params import (
     flat_parameters,
+    lay_out_flat_,
     num_parameters,
     set_flat_grad_,
 )
@@ -495,6 +496,7 @@ class FederatedModule(WirePhases, HeldOutEvaluation):
         if self.local_execution != "auto":  # a named backend that cannot serve stops here, before training
             choose_runner(self, self.local_execution)
         self.client_model.to(self.device)
+        lay_out_flat_(self.client_model)  # copy-in and upload difference: one operation each
         self._set_client_state_refusal()  # channels are attached (callbacks' setup) by now
         if self.trainer.val_check_interval and self.trainer.check_val_every_n_epoch is not None:
             rank_zero_warn("Set trainer.check_val_every_n_epoch=null so that evaluation counts rounds.")
