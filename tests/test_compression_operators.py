@@ -201,6 +201,39 @@ def test_dithering_bits_at_most_the_thesis_count(op: NaturalDithering) -> None:
     assert m.num_bits <= op.analytic_bits(D)
 
 
+def _levels_by_definition(
+    op: StandardDithering, t: torch.Tensor, values: torch.Tensor, gen: torch.Generator
+) -> torch.Tensor:
+    """Each t between its neighbouring levels lo <= t < hi, up with probability (t − lo)/(hi − lo) (0 if hi = lo)."""
+    u = torch.rand(t.shape, generator=gen, dtype=torch.float64)
+    j = (torch.searchsorted(values, t, right=True) - 1).clamp(0, op.s - 1)
+    lo, hi = values[j], values[j + 1]
+    p_up = torch.where(hi > lo, (t - lo) / torch.where(hi > lo, hi - lo, torch.ones_like(lo)), torch.zeros_like(t))
+    return j + (u < p_up).to(torch.int64)
+
+
+@pytest.mark.parametrize(
+    ("op", "scale"),
+    [
+        (QSGD(), 3.5),
+        (NaturalDithering(p=math.inf, s=2), 0.25),
+        (NaturalDithering(p=2, s=8), 1e-3),
+        (StandardDithering(p=2, s=16), 1e-44),  # subnormal: float32 rounding makes neighbouring levels equal
+        (NaturalDithering(p=2, s=40), 1e-36),  # the lowest exponential levels underflow to 0
+    ],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_dithering_levels_are_those_of_the_rounding_definition_bit_for_bit(op: StandardDithering, scale: float) -> None:
+    values = op._decoded_values(scale)
+    v = torch.from_numpy(values)
+    assert bool((v[1:] == v[:-1]).any()) == (scale < 1e-29)  # the last two cases do have equal levels
+    gen = torch.Generator().manual_seed(3)
+    t = torch.cat([torch.rand(20_000, generator=gen, dtype=torch.float64) * v[-1], v, (v[1:] + v[:-1]) / 2])
+    got = op._levels(t, values, torch.Generator().manual_seed(7))
+    assert torch.equal(got, _levels_by_definition(op, t, v, torch.Generator().manual_seed(7)))
+    assert int(got.min()) >= 0 and int(got.max()) <= op.s
+
+
 def test_fixed_size_codes() -> None:
     x = gaussian(1000)
     assert Sign().compress(x).num_bits == 1000

@@ -46,7 +46,7 @@ from torch import Tensor
 from fedlightning.compression.bitstream import BitReader, BitWriter
 from fedlightning.compression.index_coding import read_positions, write_positions
 from fedlightning.compression.natural import natural_round, read_natural_codes, write_natural_codes
-from fedlightning.compression.operators import Compressor
+from fedlightning.compression.operators import Compressor, refuse_non_finite
 
 __all__ = ["QSGD", "Dithering", "NaturalDithering", "StandardDithering", "TernGrad"]
 
@@ -140,11 +140,14 @@ class Dithering(Compressor):
         """
         u = torch.rand(t.shape, generator=generator, dtype=torch.float64)
         v = torch.from_numpy(values)
-        j = (torch.searchsorted(v, t, right=True) - 1).clamp(0, self.s - 1)
-        lo, hi = v[j], v[j + 1]
-        gap = hi - lo
-        p_up = torch.where(gap > 0, (t - lo) / torch.where(gap > 0, gap, torch.ones_like(gap)), torch.zeros_like(t))
-        return j + (u < p_up).to(torch.int64)
+        gaps = v[1:] - v[:-1]
+        # hi − lo per interval; +inf where two levels decode equal, so that P(up) = (t − lo)/inf = 0 there
+        divisors = torch.where(gaps > 0, gaps, torch.full_like(gaps, math.inf))
+        # in place from here: fresh temporaries this size cost the CPU more than the arithmetic
+        j = torch.searchsorted(v, t, right=True).sub_(1).clamp_(0, self.s - 1)
+        lo = v.index_select(0, j)
+        p_up = torch.sub(t, lo, out=lo).div_(divisors.index_select(0, j))
+        return j.add_(u < p_up)
 
     def _decoded_values(self, scale: float) -> np.ndarray:
         """The levels times the decoded norm, rounded to float32 as the receiver does (float64)."""
@@ -168,8 +171,7 @@ class Dithering(Compressor):
 
     # ------------------------------------------------------------------ stream
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
-        if not torch.isfinite(x).all():
-            raise ValueError(f"{self.name} received inf or NaN.")
+        refuse_non_finite(x, self.name)
         norm = self._send_norm(x)
         scale = norm
         if self.norm_code == "natural":  # Definition 2.5.1's C(‖x‖_p) with C = C_nat: 9 bits (14 if subnormal)
@@ -183,12 +185,12 @@ class Dithering(Compressor):
         if norm == 0 or scale == 0:
             return norm_bits + write_positions(writer, np.zeros(0, dtype=np.int64), x.numel())
         # magnitudes in units of the sent norm: |x_i|·(scale/‖x‖), unbiased over the norm's own rounding
-        t = x.to(torch.float64).abs() * (float(scale) / float(norm))
-        L = self._levels(t, self._decoded_values(float(scale)), generator)
-        positions = torch.nonzero(L, as_tuple=True)[0]
+        t = x.to(torch.float64).abs_().mul_(float(scale) / float(norm))
+        L = self._levels(t, self._decoded_values(float(scale)), generator).numpy()
+        positions = np.flatnonzero(L)
         header = norm_bits + write_positions(writer, positions, x.numel())
-        writer.write_bitarray((x[positions] < 0).numpy().astype(np.uint8))
-        nz_levels = L[positions].numpy().astype(np.uint64)
+        writer.write_bitarray((x.numpy()[positions] < 0).astype(np.uint8))
+        nz_levels = L[positions].astype(np.uint64)
         if self.level_code == "elias":
             writer.write_elias_gamma_array(nz_levels)
         else:

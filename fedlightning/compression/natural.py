@@ -29,17 +29,12 @@ import torch
 from torch import Tensor
 
 from fedlightning.compression.bitstream import BitReader, BitWriter
-from fedlightning.compression.operators import Compressor
+from fedlightning.compression.operators import Compressor, refuse_non_finite
 
 __all__ = ["DeterministicNatural", "ExponentialRounding", "NaturalCompression", "natural_round"]
 
 _SIGN_EXP = 0xFF800000
 _EXP_ONE = 1 << 23
-
-
-def _check_finite(x: Tensor, who: str) -> None:
-    if not torch.isfinite(x).all():
-        raise ValueError(f"{who} received inf or NaN; compress finite updates only.")
 
 
 def _refuse_above_top_power(x: Tensor, who: str) -> None:
@@ -61,7 +56,7 @@ def natural_round(x: Tensor, generator: torch.Generator) -> Tensor:
     ``t = ±j·2^−149`` rounds the integer ``j`` the same way between its neighbouring powers of
     two (``j = 2^23`` is ``2^−126``), so every output is a float32 power of two or zero.
     """
-    _check_finite(x, "natural compression")
+    refuse_non_finite(x, "natural compression")
     _refuse_above_top_power(x, "natural compression")
     u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     draw = torch.rand(x.shape, generator=generator, dtype=torch.float64)
@@ -164,7 +159,7 @@ class DeterministicNatural(NaturalCompression):
         return 9.0 / 8.0
 
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
-        _check_finite(x, "deterministic natural compression")
+        refuse_non_finite(x, "deterministic natural compression")
         u = x.numpy().view(np.uint32).astype(np.uint64)
         exp = (u >> np.uint64(23)) & np.uint64(0xFF)
         frac = u & np.uint64(0x7FFFFF)
@@ -216,7 +211,7 @@ class ExponentialRounding(Compressor):
         return 0.25 * (b + 1 / b + 2) if self.unbiased else (b + 1) ** 2 / (4 * b)
 
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
-        _check_finite(x, self.name)
+        refuse_non_finite(x, self.name)
         v = x.to(torch.float64)
         a = v.abs()
         nz = a > 0

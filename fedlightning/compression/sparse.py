@@ -36,7 +36,7 @@ from torch import Tensor
 from fedlightning.compression.bitstream import BitReader, BitWriter
 from fedlightning.compression.index_coding import log2_binomial, read_positions, write_positions
 from fedlightning.compression.natural import natural_round
-from fedlightning.compression.operators import Compressor
+from fedlightning.compression.operators import Compressor, refuse_non_finite
 from fedlightning.compression.values import ScaledFloat16Values, ValueCodec, check_value_loss, value_codec
 
 LOSSY_VALUES = frozenset({"float16", "bfloat16", "int8", "8bit"})
@@ -109,8 +109,7 @@ class Sparsifier(Compressor):
         return delta / (1.0 - eps) if eps < 1 else math.inf
 
     def write(self, writer: BitWriter, x: Tensor, generator: torch.Generator) -> int:
-        if not torch.isfinite(x).all():
-            raise ValueError(f"{self.name} received inf or NaN.")
+        refuse_non_finite(x, self.name)
         positions, vals = self.select(x, generator)
         vals = vals.to(torch.float32)
         if not bool(torch.isfinite(vals).all()):
