@@ -28,6 +28,8 @@ True
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 
 from fedlightning.errors import MessageDecodeError
@@ -204,17 +206,16 @@ class BitWriter:
         if v.size == 0:
             return
         q = (v >> np.uint64(b)).astype(np.int64)
-        lengths = q + 1 + b
-        total = int(lengths.sum())
-        owner = np.repeat(np.arange(v.size), lengths)
-        starts = np.cumsum(lengths) - lengths
-        offset = np.arange(total, dtype=np.int64) - starts[owner]
-        qo = q[owner]
-        bits = (offset < qo).astype(np.uint8)  # unary part: ones, then the zero at offset == q
-        rem_pos = offset - qo - 1
-        in_rem = rem_pos >= 0
-        shift = (b - 1 - rem_pos[in_rem]).astype(np.uint64)
-        bits[in_rem] = ((v[owner[in_rem]] >> shift) & np.uint64(1)).astype(np.uint8)
+        ends = np.cumsum(q + (1 + b))
+        rem_starts = ends - b
+        # the quotients in unary: +1 where a code's ones begin, −1 at its stop (a zero), summed along
+        edges = np.zeros(int(ends[-1]) + 1, dtype=np.int8)
+        edges[rem_starts - 1 - q] = 1
+        edges[rem_starts - 1] -= 1
+        bits = np.cumsum(edges[:-1], dtype=np.int8).view(np.uint8)
+        if b:
+            low = v & np.uint64((1 << b) - 1)
+            bits[rem_starts[:, None] + np.arange(b)] = _expand_fixed(low, b).reshape(-1, b)
         self._push(bits)
 
     # ---------------------------------------------------------------- output
@@ -255,8 +256,6 @@ class BitReader:
         self._bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=num_bits)
         self._pos = 0
         self._num_bits = num_bits
-        self._next_zero: np.ndarray | None = None
-        self._next_one: np.ndarray | None = None
 
     def error(self, what: str) -> MessageDecodeError:
         """The decode error ``"<codec>: <what>."`` (``what`` says what is wrong with the stream)."""
@@ -307,23 +306,22 @@ class BitReader:
         return np.packbits(self._take(num_bits)).tobytes()
 
     # ---------------------------------------------------------------- universal codes
-    def _next_index(self, target: int) -> np.ndarray:
-        """``nxt[i]`` = first position >= i holding ``target`` (``num_bits`` if none)."""
-        cache = self._next_zero if target == 0 else self._next_one
-        if cache is None:
-            n = self._num_bits
-            pos = np.where(self._bits == target, np.arange(n), n)
-            cache = np.minimum.accumulate(pos[::-1])[::-1] if n else pos
-            cache = np.append(cache, n)
-            if target == 0:
-                self._next_zero = cache
-            else:
-                self._next_one = cache
-        return cache
+    def _first(self, target: int) -> int:
+        """The first position at or after the reader's holding bit ``target`` (``num_bits`` if none).
+
+        Scans windows that double in size, so a code costs about its own length.
+        """
+        pos, window = self._pos, 64
+        while pos < self._num_bits:
+            hits = np.flatnonzero(self._bits[pos : pos + window] == target)
+            if hits.size:
+                return pos + int(hits[0])
+            pos, window = pos + window, window * 2
+        return self._num_bits
 
     def read_unary(self) -> int:
         """Count of ones before the next zero (the zero is consumed)."""
-        stop = int(self._next_index(0)[self._pos])
+        stop = self._first(0)
         if stop >= self._num_bits:
             raise self.error("a unary code runs past the end of the stream")
         n = stop - self._pos
@@ -332,7 +330,7 @@ class BitReader:
 
     def read_elias_gamma(self) -> int:
         """One Elias-gamma integer."""
-        one = int(self._next_index(1)[self._pos])
+        one = self._first(1)
         if one >= self._num_bits:
             raise self.error("an Elias gamma code runs past the end of the stream")
         zeros = one - self._pos
@@ -342,24 +340,16 @@ class BitReader:
         return self.read_bits(zeros + 1)
 
     def read_elias_gamma_array(self, count: int) -> np.ndarray:
-        """``count`` Elias-gamma integers: one table lookup per code to find it, then every value in bulk."""
+        """``count`` Elias-gamma integers: the codes located by a compiled walk, then every value in bulk."""
         if count > self.remaining:
             raise self.error(f"{count} Elias gamma codes need at least {count} bits, {self.remaining} remain")
-        nxt = self._next_index(1)
-        pos, end = self._pos, self._num_bits
         value_starts = np.empty(count, dtype=np.int64)  # each code: z zeros, then its value's z + 1 bits
         widths = np.empty(count, dtype=np.int64)
-        for i in range(count):  # O(1) per code thanks to the next-one table
-            one = int(nxt[pos])
-            zeros = one - pos
-            if one >= end or one + zeros >= end or zeros >= 64:  # the scalar reader's error for this code
-                self._pos = pos
-                self.read_elias_gamma()
-                raise self.error("an Elias gamma code runs past the end of the stream")
-            value_starts[i] = one
-            widths[i] = zeros + 1
-            pos = one + zeros + 1
+        located, pos = _code_kernels().gamma_codes(self._bits, self._pos, count, value_starts, widths)
         self._pos = pos
+        if located < count:
+            self.read_elias_gamma()  # the scalar reader's error for this code
+            raise self.error("an Elias gamma code runs past the end of the stream")
         return self._gather(value_starts, widths)
 
     def read_elias_delta(self) -> int:
@@ -381,21 +371,17 @@ class BitReader:
         return (q << b) | self.read_bits(b)
 
     def read_rice_array(self, count: int, b: int) -> np.ndarray:
-        """``count`` Golomb–Rice integers with divisor ``2**b``."""
+        """``count`` Golomb–Rice integers with divisor ``2**b``: the codes located by a compiled walk, then in bulk."""
         if count == 0:
             return np.zeros(0, dtype=np.uint64)
         if count * (1 + b) > self.remaining:
             raise self.error(f"{count} Golomb-Rice codes need at least {count * (1 + b)} bits, {self.remaining} remain")
-        nxt = self._next_index(0)
-        pos, end = self._pos, self._num_bits
         stops = np.empty(count, dtype=np.int64)  # each code: its quotient's ones, a zero (its stop), b bits
-        for i in range(count):  # one table lookup per code; the rest is computed in bulk below
-            stop = int(nxt[pos])
-            stops[i] = stop
-            pos = stop + 1 + b
-            if pos > end:
-                part = "code" if stop >= end else "remainder"
-                raise self.error(f"a Golomb-Rice {part} runs past the end of the stream")
+        located, pos = _code_kernels().rice_stops(self._bits, self._pos, count, b, stops)
+        if located < count:
+            zeros = np.flatnonzero(self._bits[pos:] == 0)
+            part = "remainder" if zeros.size else "code"
+            raise self.error(f"a Golomb-Rice {part} runs past the end of the stream")
         rem_starts = stops + 1
         quotients = stops - np.concatenate([[self._pos], rem_starts[:-1] + b])
         if not 0 <= b < 64:
@@ -418,3 +404,10 @@ class BitReader:
             bits = self._bits[starts[rows][:, None] + np.arange(width)].astype(np.uint64)
             values[rows] = (bits << np.arange(width - 1, -1, -1, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
         return values
+
+
+def _code_kernels() -> ModuleType:
+    """The compiled code walks, imported on first use (numba's import and compilation are not free)."""
+    from fedlightning.compression import code_kernels
+
+    return code_kernels
