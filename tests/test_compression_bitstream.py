@@ -224,3 +224,28 @@ def test_the_rice_array_reader_reads_every_stream_as_the_scalar_reader(
         reader.read_bits(skip)
         outcomes.append(_rice_reads(reader, count, b, array=array))
     assert outcomes[0] == outcomes[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(width=st.integers(1, 64), data=st.data())
+def test_fixed_width_fields_are_written_most_significant_bit_first_in_exactly_their_width(
+    width: int, data: st.DataObject
+) -> None:
+    values = data.draw(st.lists(st.integers(0, 2**width - 1), min_size=1, max_size=20))
+    w = BitWriter()
+    w.write_array(np.array(values, dtype=np.uint64), width)
+    payload, n = w.getvalue()
+    expected = "".join(format(v, f"0{width}b") for v in values)
+    assert n == len(expected)
+    assert "".join(map(str, np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=n))) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(b=st.integers(0, 8), values=st.lists(st.integers(0, 2000), min_size=1, max_size=20))
+def test_rice_codes_are_the_quotient_in_unary_a_zero_then_b_remainder_bits(b: int, values: list[int]) -> None:
+    w = BitWriter()
+    w.write_rice_array(np.array(values, dtype=np.uint64), b)
+    payload, n = w.getvalue()
+    expected = "".join("1" * (v >> b) + "0" + (format(v & ((1 << b) - 1), f"0{b}b") if b else "") for v in values)
+    assert n == len(expected) == sum(rice_length(v, b) for v in values)
+    assert "".join(map(str, np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=n))) == expected

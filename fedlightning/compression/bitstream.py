@@ -87,9 +87,10 @@ def _expand_fixed(values: np.ndarray, width: int) -> np.ndarray:
     """Bits (uint8, MSB first) of each value in ``width`` (<= 64) bits, concatenated."""
     if width == 0 or values.size == 0:
         return np.zeros(0, dtype=np.uint8)
-    be = values.astype(">u8").view(np.uint8).reshape(-1, 8)  # big-endian bytes of each value
-    bits = np.unpackbits(be, axis=1)  # (n, 64), MSB first
-    return np.ascontiguousarray(bits[:, 64 - width :]).reshape(-1)
+    nbytes = (width + 7) // 8
+    be = values.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 8 - nbytes :]  # the big-endian bytes that hold it
+    bits = np.unpackbits(be, axis=1)  # (n, 8·nbytes), MSB first
+    return np.ascontiguousarray(bits[:, 8 * nbytes - width :]).reshape(-1)
 
 
 def _expand(values: np.ndarray, widths: np.ndarray) -> np.ndarray:
