@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from fedlightning.compression.bitstream import (
     BitReader,
     BitWriter,
+    _bit_length,
     elias_delta_length,
     elias_gamma_length,
     rice_length,
@@ -228,7 +229,7 @@ def test_the_rice_array_reader_reads_every_stream_as_the_scalar_reader(
 
 @settings(max_examples=200, deadline=None)
 @given(width=st.integers(1, 64), data=st.data())
-def test_fixed_width_fields_are_written_most_significant_bit_first_in_exactly_their_width(
+def test_fixed_width_fields_are_written_most_significant_bit_first_in_exactly_their_width_and_read_back(
     width: int, data: st.DataObject
 ) -> None:
     values = data.draw(st.lists(st.integers(0, 2**width - 1), min_size=1, max_size=20))
@@ -238,6 +239,7 @@ def test_fixed_width_fields_are_written_most_significant_bit_first_in_exactly_th
     expected = "".join(format(v, f"0{width}b") for v in values)
     assert n == len(expected)
     assert "".join(map(str, np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=n))) == expected
+    assert BitReader(payload, n).read_array(len(values), width).tolist() == values
 
 
 @settings(max_examples=200, deadline=None)
@@ -249,3 +251,23 @@ def test_rice_codes_are_the_quotient_in_unary_a_zero_then_b_remainder_bits(b: in
     expected = "".join("1" * (v >> b) + "0" + (format(v & ((1 << b) - 1), f"0{b}b") if b else "") for v in values)
     assert n == len(expected) == sum(rice_length(v, b) for v in values)
     assert "".join(map(str, np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=n))) == expected
+
+
+_EDGES = [0, 1, 2, 3, 2**52, 2**53 - 1, 2**53, 2**53 + 1, 2**54 - 1, 2**63 - 1, 2**63, 2**64 - 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.sampled_from(_EDGES), st.integers(0, 2**64 - 1)), min_size=1, max_size=40))
+def test_bit_lengths_of_64_bit_values_are_python_int_bit_lengths(values: list[int]) -> None:
+    assert _bit_length(np.array(values, dtype=np.uint64)).tolist() == [v.bit_length() for v in values]
+
+
+@pytest.mark.parametrize("width", [0, 1, 7, 53, 63, 64])
+def test_a_value_one_bit_too_wide_for_its_field_is_refused_and_the_widest_that_fits_is_written(width: int) -> None:
+    widest = (1 << width) - 1
+    w = BitWriter()
+    w.write_array(np.array([widest], dtype=np.uint64), width)
+    assert w.num_bits == width
+    if width < 64:
+        with pytest.raises(ValueError, match="does not fit"):
+            BitWriter().write_array(np.array([widest + 1], dtype=np.uint64), width)

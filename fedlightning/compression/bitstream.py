@@ -52,15 +52,15 @@ def _as_u64(values: np.ndarray | list[int]) -> np.ndarray:
 
 
 def _bit_length(values: np.ndarray) -> np.ndarray:
-    """``int.bit_length`` of each uint64 (0 for 0), exact for all 64-bit values."""
-    v = values.astype(np.uint64, copy=True)
-    out = np.zeros(v.shape, dtype=np.int64)
-    for shift in (32, 16, 8, 4, 2, 1):
-        big = v >= (np.uint64(1) << np.uint64(shift))
-        out[big] += shift
-        v[big] >>= np.uint64(shift)
-    out += (v > 0).astype(np.int64)
-    return out
+    """``int.bit_length`` of each uint64 (0 for 0), exact for all 64-bit values.
+
+    ``frexp`` of the value as a float64 gives it, except where rounding to 53 bits carried the
+    value up to the next power of two (values of 54 bits or more): those step back by one.
+    """
+    v = values.astype(np.uint64, copy=False)
+    length = np.minimum(np.frexp(v.astype(np.float64))[1], 64).astype(np.int64)
+    top = np.left_shift(np.uint64(1), np.maximum(length - 1, 0).astype(np.uint64))
+    return length - ((length > 0) & (top > v))
 
 
 def elias_gamma_length(n: int) -> int:
@@ -144,7 +144,8 @@ class BitWriter:
         widths = np.broadcast_to(np.asarray(nbits, dtype=np.int64), v.shape)
         if widths.size and (widths.max() > 64 or widths.min() < 0):
             raise ValueError("write_array widths must lie in [0, 64].")
-        if v.size and np.any(_bit_length(v) > widths):
+        # v fits in w bits when v >> w is 0, shifted in two steps (a shift by 64 is undefined; 64 bits hold any value)
+        if v.size and np.any(v >> np.minimum(widths, 63).astype(np.uint64) >> (widths == 64).astype(np.uint64)):
             raise ValueError("A value does not fit in its bit width.")
         self._push(_expand(v, widths))
 
@@ -294,9 +295,10 @@ class BitReader:
             self._take(0)
             return np.zeros(count, dtype=np.uint64)
         bits = self._take(count * nbits).reshape(count, nbits)
-        padded = np.zeros((count, 64), dtype=np.uint8)
-        padded[:, 64 - nbits :] = bits
-        return np.packbits(padded, axis=1).view(">u8").reshape(-1).astype(np.uint64)
+        field = 8 if nbits <= 8 else 16 if nbits <= 16 else 32 if nbits <= 32 else 64  # the narrowest that holds one
+        padded = np.zeros((count, field), dtype=np.uint8)
+        padded[:, field - nbits :] = bits
+        return np.packbits(padded).view(f">u{field // 8}").astype(np.uint64)
 
     def read_bitarray(self, count: int) -> np.ndarray:
         """``count`` raw bits (uint8)."""
