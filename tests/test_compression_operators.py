@@ -31,6 +31,7 @@ from fedlightning.compression import (
     log2_binomial,
 )
 from fedlightning.compression.index_coding import position_header_bits
+from fedlightning.compression.natural import natural_round
 
 D = 100_000  # the thesis's variance experiments use d = 10^5 Gaussian vectors
 
@@ -109,6 +110,25 @@ def test_natural_compression_fixes_powers_of_two_and_handles_subnormals() -> Non
     assert y.tolist() == x.tolist()  # 2^-149 is a (subnormal) power of two: sent exactly
     with pytest.raises(ValueError):
         NaturalCompression().compress(torch.tensor([float("inf")]))
+
+
+def test_natural_rounding_goes_up_exactly_when_the_draw_is_below_the_mantissa() -> None:
+    """C_nat by its definition, value by value: t in [2^e, 2^{e+1}) goes up when u < t/2^e − 1 (u the stream's draw)."""
+    gen = torch.Generator().manual_seed(4)
+    normal = torch.randn(1500, generator=gen) * torch.exp2(torch.randint(-40, 40, (1500,), generator=gen).float())
+    subnormal = torch.randint(-(2**23) + 1, 2**23, (500,), generator=gen).float() * 2.0**-149
+    x = torch.cat([normal, subnormal, torch.tensor([0.0, 2.0**-149, 3 * 2.0**-149, 2.0**127, -(2.0**-126)])])
+    y = natural_round(x, torch.Generator().manual_seed(9))
+    draws = torch.rand(x.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64).tolist()
+    expected = []
+    for t, u in zip(x.tolist(), draws, strict=True):
+        if t == 0:
+            expected.append(0.0)
+            continue
+        low = 2.0 ** (math.frexp(abs(t))[1] - 1)  # the power of two at or below |t|
+        expected.append(math.copysign(2 * low if u < abs(t) / low - 1 else low, t))
+    assert y.tolist() == expected
+    assert bool((x.abs() < 2.0**-126).sum() > 400)  # the subnormal branch was taken
 
 
 def test_natural_compression_9_over_8_worst_case() -> None:

@@ -33,15 +33,16 @@ from fedlightning.compression.operators import Compressor, refuse_non_finite
 
 __all__ = ["DeterministicNatural", "ExponentialRounding", "NaturalCompression", "natural_round"]
 
-_SIGN_EXP = 0xFF800000
+_SIGN = -(1 << 31)
+"""The sign bit of a float32 as an int32 mask (0x80000000)."""
+_SIGN_EXP = -(1 << 23)
+"""The sign and exponent bits of a float32 as an int32 mask (0xFF800000)."""
 _EXP_ONE = 1 << 23
 
 
 def _refuse_above_top_power(x: Tensor, who: str) -> None:
     """Refuse |x| > 2^127: its upper power of two 2^128 is not a float32."""
-    u = x.contiguous().view(torch.int32).to(torch.int64) & 0x7FFFFFFF
-    over = (u >> 23 == 0xFE) & ((u & 0x7FFFFF) != 0)
-    if bool(over.any()):
+    if bool((x.abs() > 2.0**127).any()):
         big = float(x.abs().max())
         raise ValueError(
             f"{who} cannot round |x| = {big:.4g} (above 2^127): its upper power of two 2^128 overflows float32; "
@@ -58,19 +59,20 @@ def natural_round(x: Tensor, generator: torch.Generator) -> Tensor:
     """
     refuse_non_finite(x, "natural compression")
     _refuse_above_top_power(x, "natural compression")
-    u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    bits = x.contiguous().view(torch.int32)
     draw = torch.rand(x.shape, generator=generator, dtype=torch.float64)
-    exp = (u >> 23) & 0xFF
-    mantissa = (u & 0x7FFFFF).to(torch.float64) / float(1 << 23)
-    up = draw < mantissa
-    out = (u & _SIGN_EXP) + up.to(torch.int64) * _EXP_ONE
-    sub = (exp == 0) & ((u & 0x7FFFFF) != 0)
+    frac = bits & 0x7FFFFF
+    # up with probability m = frac/2^23: draw < m, both sides scaled by 2^23 (exact), in place
+    up = torch.lt(draw.mul_(float(1 << 23)), frac)
+    out = (bits & _SIGN_EXP).add_(up, alpha=_EXP_ONE)  # sign and exponent; one more on the exponent when up
+    sub = ((bits & 0x7F800000) == 0) & (frac != 0)
     if bool(sub.any()):
-        j = u[sub] & 0x7FFFFF
+        j = frac[sub].to(torch.int64)
         low = _floor_pow2(j)
-        up_sub = draw[sub] < (j - low).to(torch.float64) / low.to(torch.float64)
-        out[sub] = (u[sub] & 0x80000000) + low * (1 + up_sub.to(torch.int64))
-    return _bits_to_float(out)
+        scaled_p = (j - low).to(torch.float64).mul_(float(1 << 23)) / low.to(torch.float64)  # (j − low)/low · 2^23
+        up_sub = draw[sub] < scaled_p
+        out[sub] = (bits[sub] & _SIGN) + (low * (1 + up_sub.to(torch.int64))).to(torch.int32)
+    return out.view(torch.float32)
 
 
 def _floor_pow2(j: Tensor) -> Tensor:
@@ -109,11 +111,6 @@ def read_natural_codes(reader: BitReader, count: int) -> np.ndarray:
             raise reader.error(f"a subnormal power decodes to 2^{int(power.max())}·2^-149, above 2^-127")
         out[sub] = (top[sub] & np.uint64(0x100)) << np.uint64(23) | (np.uint64(1) << power)
     return out.astype(np.uint32).view(np.float32)
-
-
-def _bits_to_float(bits: Tensor) -> Tensor:
-    arr = bits.numpy().astype(np.uint32)
-    return torch.from_numpy(arr.view(np.float32).copy())
 
 
 class NaturalCompression(Compressor):
