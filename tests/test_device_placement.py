@@ -53,8 +53,10 @@ from fedlightning.compression.codecs import BFloat16Codec, BitPackCodec, Float16
 from fedlightning.compression.gated_sparse import GateMessageCodec, pack_gate_state
 from fedlightning.compression.mask import MaskCodec
 from fedlightning.compression.operators import Compressor
-from fedlightning.federated.channel import ReplicaCodec
+from fedlightning.federated.channel import MEMORY_KEY, Channel, ReplicaCodec
 from fedlightning.federated.message import Message
+from fedlightning.federated.payloads import Payload
+from fedlightning.federated.state import ClientStateStore
 from fedlightning.methods.eflops_lagrangian import kl_to_constraint_pull
 from fedlightning.models.mlp import MLP
 from fedlightning.models.ordered_dropout import od_architecture, ordered_units, sub_model_macs
@@ -373,3 +375,33 @@ def test_operators_and_replica_messages_give_cuda_results_with_the_cpu_bits() ->
         a.device.type == "cuda" and torch.equal(a.cpu(), b)
         for a, b in zip(drawn, perturbation_draw(p, 0.1, _generator(4)), strict=True)
     )
+
+
+@pytest.mark.parametrize(
+    ("operator", "error_feedback"), [(QSGD(s=16), False), (TopK(fraction=0.01), True)], ids=["qsgd", "top_k_ef"]
+)
+def test_a_share_of_device_uploads_is_read_to_the_host_once_and_sent_as_row_by_row(
+    operator: Compressor, error_feedback: bool
+) -> None:
+    def channel() -> Channel:
+        ch = Channel(direction="uplink", payload=Payload.MODEL_DELTA, codec=Float32Codec(), method="m")
+        ch.attach(operator, error_feedback=error_feedback, granularity="model")
+        return ch
+
+    share, ids = torch.randn(5, 2_000, generator=_generator(8)), [3, 1, 4, 0, 2]
+    expected_store, got_store = ClientStateStore(), ClientStateStore()
+    expected = [
+        channel().send(share[k], client_id=cid, generator=_generator(cid), state=expected_store)[0]
+        for k, cid in enumerate(ids)
+    ]
+    OnDevice.reads.clear()
+    sent, decoded = channel().send_share(
+        share.as_subclass(OnDevice), client_ids=ids, generator=_generator, state=got_store
+    )
+    assert sum(OnDevice.reads.values()) == 1, dict(OnDevice.reads)
+    for k, want in enumerate(expected):
+        _same_message(sent.message(k), want)
+    assert len(decoded) == len(ids)
+    if error_feedback:
+        for cid in ids:
+            assert torch.equal(got_store.get(cid, MEMORY_KEY), expected_store.get(cid, MEMORY_KEY))

@@ -255,12 +255,14 @@ class Channel:
         messages and decoded rows are those :meth:`send` gives each row. Otherwise each row is
         sent in turn by :meth:`send` (an operator draws from each sender's own stream
         ``generator(client_id)`` and error feedback updates each sender's memory), and the
-        decoded rows are returned as a list.
+        decoded rows are returned as a list; an operator's share is copied to the host once.
         """
         encode_rows = getattr(self.codec, "encode_rows", None)
         if self.compressor is None and encode_rows is not None:
             sent, decoded = encode_rows(x, client_ids=client_ids)
             return sent, decoded
+        if self.compressor is not None:  # operators write their streams on the host: one transfer for the share
+            x = x.detach().to("cpu")
         messages, rows = [], []
         for k, client_id in enumerate(client_ids):
             gen = generator(client_id) if self.compressor is not None else None

@@ -232,9 +232,9 @@ class WirePhases(ClientWork):
             masses.append(mass)
         for cb in rnd.callbacks:
             cb.on_share_upload(trainer, module, round_idx, sent)
-        rows_decoded = (
-            [d.to(module.device) for d in decoded] if isinstance(decoded, list) else decoded.to(module.device)
-        )
+        rows_decoded: Tensor | list[Tensor] = decoded
+        if module.device.type != "cpu":  # one transfer for the share's decoded rows
+            rows_decoded = (torch.stack(decoded) if isinstance(decoded, list) else decoded).to(module.device)
         if not overrides(type(self), WirePhases, "on_upload_decoded"):
             rnd.aggregator.accumulate_rows(rows_decoded, weights=weights, masses=masses)
             return
