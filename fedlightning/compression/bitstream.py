@@ -310,7 +310,7 @@ class BitReader:
 
     # ---------------------------------------------------------------- universal codes
     def _first(self, target: int) -> int:
-        """The first position at or after the reader's holding bit ``target`` (``num_bits`` if none).
+        """The first position, at or after the reader's, that holds bit ``target`` (``num_bits`` if none).
 
         Scans windows that double in size, so a code costs about its own length.
         """
