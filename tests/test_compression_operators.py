@@ -14,6 +14,7 @@ from fedlightning.compression import (
     Blockwise,
     Compressor,
     DeterministicNatural,
+    Dithering,
     ExponentialRounding,
     GradientSparsification,
     Identity,
@@ -221,9 +222,7 @@ def test_dithering_bits_at_most_the_thesis_count(op: NaturalDithering) -> None:
     assert m.num_bits <= op.analytic_bits(D)
 
 
-def _levels_by_definition(
-    op: StandardDithering, t: torch.Tensor, values: torch.Tensor, gen: torch.Generator
-) -> torch.Tensor:
+def _levels_by_definition(op: Dithering, t: torch.Tensor, values: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Each t between its neighbouring levels lo <= t < hi, up with probability (t − lo)/(hi − lo) (0 if hi = lo)."""
     u = torch.rand(t.shape, generator=gen, dtype=torch.float64)
     j = (torch.searchsorted(values, t, right=True) - 1).clamp(0, op.s - 1)
@@ -243,7 +242,7 @@ def _levels_by_definition(
     ],
     ids=lambda v: getattr(v, "name", str(v)),
 )
-def test_dithering_levels_are_those_of_the_rounding_definition_bit_for_bit(op: StandardDithering, scale: float) -> None:
+def test_dithering_levels_are_those_of_the_rounding_definition_bit_for_bit(op: Dithering, scale: float) -> None:
     values = op._decoded_values(scale)
     v = torch.from_numpy(values)
     assert bool((v[1:] == v[:-1]).any()) == (scale < 1e-29)  # the last two cases do have equal levels
