@@ -5,8 +5,10 @@ point (:func:`fedlightning.cli.main`, what the ``fedlightning`` script calls) mu
 status 1 before Hydra's job starts (so before the run folder is made and any data is read),
 printing one line, ``fedlightning: error: <sentence>``, whose sentence names the config keys
 and the fix. The catalogue runs in this process, then each case as the real command, which must
-refuse within :data:`COMMAND_LIMIT_S` seconds (the target index of an earlier command in the
-cache, :mod:`fedlightning.target_index`, so that no refusal waits for Lightning to import).
+refuse within :data:`COMMAND_LIMIT_S` seconds of CPU, or, on a machine where importing torch
+and Hydra alone is slow, within :data:`BEYOND_IMPORTS_S` seconds more than that import (the
+target index of an earlier command in the cache, :mod:`fedlightning.target_index`, so that no
+refusal waits for Lightning to import: without it a refusal costs about 4 s beyond the import).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -142,6 +145,9 @@ IN_PROCESS_LIMIT_S = 3.0
 #: Seconds of CPU a refusal may take as a command, imports included. CPU time, not wall time, so
 #: that the tests running beside it on a loaded machine do not count.
 COMMAND_LIMIT_S = 3.0
+#: Seconds of CPU a refusal may take beyond importing torch and Hydra, measured just before it:
+#: the limit where sharing the cores slows every process (about 0.4 s on a quiet machine).
+BEYOND_IMPORTS_S = 1.5
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -209,18 +215,16 @@ def test_a_plain_config_passes_the_preflight(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.parametrize(("overrides", "fragments"), CATALOGUE.values(), ids=CATALOGUE)
-def test_the_command_refuses_within_3_s_of_cpu_once_in_config_names_without_a_folder(
+def test_the_command_refuses_within_3_s_of_cpu_or_little_beyond_its_imports_once_in_config_names_without_a_folder(
     overrides: list[str], fragments: list[str], tmp_path: Path
 ) -> None:
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO_ROOT)}
     env.pop(cli.FULL_ERROR, None)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    imports, _ = _child_cpu([sys.executable, "-c", "import torch, hydra, omegaconf"], cwd=tmp_path, env=env)
     begin = time.perf_counter()
     cmd = [sys.executable, "-m", "fedlightning.cli", *QUIET, *overrides]
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    cpu, result = _child_cpu(cmd, cwd=tmp_path, env=env)
     wall = time.perf_counter() - begin
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert result.returncode == 1, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fedlightning: error: "), result.stderr[-2000:]
@@ -228,7 +232,16 @@ def test_the_command_refuses_within_3_s_of_cpu_once_in_config_names_without_a_fo
         assert fragment in lines[0], (fragment, lines[0])
     assert result.stdout == ""
     assert list(tmp_path.iterdir()) == []  # no outputs/<date>/<time> folder
-    assert cpu < COMMAND_LIMIT_S, f"{cpu:.2f} s of CPU ({wall:.2f} s wall)"
+    limit = max(COMMAND_LIMIT_S, imports + BEYOND_IMPORTS_S)
+    assert cpu < limit, f"{cpu:.2f} s of CPU ({wall:.2f} s wall); importing torch and Hydra took {imports:.2f} s"
+
+
+def _child_cpu(cmd: list[str], **options: Any) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """Run ``cmd`` to its end; the CPU seconds (user and system) it took, and its result."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **options)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, result
 
 
 def test_auto_is_refused_where_it_would_choose_mps(monkeypatch: pytest.MonkeyPatch) -> None:
