@@ -74,14 +74,15 @@ def batch_schedule(
         return Schedule.of([])
     per_pass = -(-num_samples // batch_size)
     passes = epochs if steps is None else -(-steps // per_pass)
-    index = torch.cat([torch.randperm(num_samples, generator=generator) for _ in range(passes)])
-    pass_sizes = torch.full((per_pass,), batch_size, dtype=torch.long)
-    pass_sizes[-1] = num_samples - batch_size * (per_pass - 1)
-    sizes = pass_sizes.repeat(passes)
+    perms = [torch.randperm(num_samples, generator=generator) for _ in range(passes)]
+    index = perms[0] if passes == 1 else torch.cat(perms)
+    # the sizes as Python integers, made a tensor once: a client's schedule is built for every
+    # client of every round, where each small tensor operation would cost more than the draw
+    sizes = ([batch_size] * (per_pass - 1) + [num_samples - batch_size * (per_pass - 1)]) * passes
     if steps is not None:
         sizes = sizes[:steps]
-        index = index[: int(sizes.sum())]
-    return Schedule(index=index, sizes=sizes)
+        index = index[: sum(sizes)]
+    return Schedule(index=index, sizes=torch.tensor(sizes, dtype=torch.long))
 
 
 def local_batches(
