@@ -142,7 +142,7 @@ def test_accumulate_rows_folds_each_entry_in_the_per_client_order() -> None:
 def test_vectorised_clients_read_in_place_from_resident_data_train_as_from_copies(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On an accelerator the plan points into every client's data held there; here the CPU's own tensors stand in."""
+    """The plan points into every client's data where the module keeps it (on a CPU, the datamodule's own tensors)."""
     from fedlightning.datamodules import DigitsDataModule, DirichletPartition
     from fedlightning.federated.params import flat_parameters
     from fedlightning.methods import FedAvg
@@ -157,8 +157,8 @@ def test_vectorised_clients_read_in_place_from_resident_data_train_as_from_copie
         dm = DigitsDataModule(num_clients=8, seed=0, partition=DirichletPartition(alpha=0.3))
         module = FedAvg(model=model, datamodule=dm, batch_size=16, local_execution="vectorised")
         with monkeypatch.context() as patch:
-            if resident:
-                patch.setattr(FedAvg, "resident_train_data", lambda self: self.datamodule.train_tensors())
+            if not resident:  # each client's tensors fetched apart, as for a datamodule that does not store slices
+                patch.setattr(FedAvg, "resident_train_data", lambda self: None)
             calls = record_calls(patch, local.vectorised, "train_stacked")
             round_trainer(2, [UniformSampler(clients_per_round=5)]).fit(module)
         return flat_parameters(module.model), [kwargs["x"] for _, kwargs in calls]
@@ -168,3 +168,32 @@ def test_vectorised_clients_read_in_place_from_resident_data_train_as_from_copie
     assert torch.equal(copied, in_place)
     assert all(len(x) < 1_000 for x in copied_x)  # the cohort's samples, concatenated
     assert all(len(x) > 1_000 for x in resident_x)  # every client's data, indexed in place
+
+
+def test_a_datamodule_serving_its_own_client_tensors_is_asked_for_them_on_every_backend() -> None:
+    """Its clients' data are not read in place from its stored tensors, which its override may not serve."""
+    from fedlightning.datamodules import DigitsDataModule, IIDPartition
+    from fedlightning.federated.params import flat_parameters
+    from fedlightning.methods import FedAvg
+    from fedlightning.sampling import UniformSampler
+    from tests.conftest import round_trainer
+
+    class Doubled(DigitsDataModule):
+        def client_tensors(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
+            x, y = super().client_tensors(cid)
+            return 2 * x, y
+
+    def trained(cls: type[DigitsDataModule], execution: str) -> tuple[FedAvg, torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+        dm = cls(num_clients=6, seed=0, partition=IIDPartition())
+        module = FedAvg(model=model, datamodule=dm, batch_size=16, local_execution=execution)
+        round_trainer(2, [UniformSampler(clients_per_round=4)]).fit(module)
+        return module, flat_parameters(module.model)
+
+    own, own_loop = trained(Doubled, "loop")
+    _, own_vectorised = trained(Doubled, "vectorised")
+    plain, plain_vectorised = trained(DigitsDataModule, "vectorised")
+    assert own.resident_train_data() is None and plain.resident_train_data() is not None
+    torch.testing.assert_close(own_vectorised, own_loop)  # both trained on the doubled features
+    assert not torch.allclose(own_vectorised, plain_vectorised)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import torch
 from torch import Tensor, nn
 
+from fedlightning.datamodules.base import FederatedDataModule
 from fedlightning.federated.batches import Schedule, batch_schedule
 from fedlightning.federated.local import ClientResult, ClientRunner, LocalProgram, LocalTraining, overrides
 from fedlightning.federated.params import assign_flat_, flat_difference, unflatten_like
@@ -21,7 +22,6 @@ from fedlightning.federated.rng import torch_generator
 from fedlightning.federated.rounds import RoundContext
 
 if TYPE_CHECKING:
-    from fedlightning.datamodules.base import FederatedDataModule
     from fedlightning.federated.module import FederatedModule
 
 __all__ = ["ClientWork", "ParamsT", "ignored_penalty"]
@@ -171,20 +171,24 @@ class ClientWork(RoundContext):
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def resident_train_data(self) -> tuple[Tensor, Tensor] | None:
-        """Every client's data on this module's accelerator, copied once (``None`` on a CPU, or when it would not fit).
+        """Every client's data where this module computes, each client's a slice (``None`` where it is not kept so).
 
-        Kept when the data take at most a quarter of the device's memory and the datamodule
-        stores its clients as slices (:meth:`~fedlightning.datamodules.base.FederatedDataModule.client_span`).
+        Where the datamodule stores its clients as slices
+        (:meth:`~fedlightning.datamodules.base.FederatedDataModule.client_span`): on a CPU its own
+        tensors (nothing is copied); on an accelerator a copy made once, kept when the data take
+        at most a quarter of the device's memory.
         """
-        device = self.device
-        if device.type == "cpu" or not hasattr(self.datamodule, "train_tensors"):
-            return None
+        device, dm = self.device, self.datamodule
+        if not hasattr(dm, "train_tensors") or overrides(type(dm), FederatedDataModule, "client_tensors"):
+            return None  # (a datamodule that serves its clients' tensors its own way is asked for each)
+        if device.type == "cpu":
+            return dm.train_tensors() if dm.client_span(0) is not None else None
         decided = self.__dict__.get("_resident_data")  # (device, the copy or None): decided once per device
         if decided is not None and decided[0] == device:
             return decided[1]
         resident = None
-        if self.datamodule.client_span(0) is not None:
-            x, y = self.datamodule.train_tensors()
+        if dm.client_span(0) is not None:
+            x, y = dm.train_tensors()
             size = x.numel() * x.element_size() + y.numel() * y.element_size()
             if device.type != "cuda" or size <= torch.cuda.get_device_properties(device).total_memory // 4:
                 resident = (x.to(device), y.to(device))

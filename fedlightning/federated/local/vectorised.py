@@ -27,6 +27,7 @@ sequential backends are as fast.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -96,7 +97,8 @@ def plan_steps(schedules: Sequence[Sequence[Tensor] | Schedule], offsets: Sequen
     mask = torch.zeros(k, s, batch_size, dtype=torch.bool)
     if k and s:
         sizes = torch.cat([p.sizes for p in plans])  # every batch of the share, client by client
-        flat = torch.cat([p.index + offset for p, offset in zip(plans, offsets, strict=True)])
+        lengths = torch.tensor([len(p.index) for p in plans], dtype=torch.long)
+        flat = torch.cat([p.index for p in plans]) + torch.repeat_interleave(torch.tensor(offsets), lengths)
         client = torch.repeat_interleave(torch.arange(k), steps)
         first_batch = torch.cumsum(steps, 0) - steps
         step = torch.arange(len(sizes)) - torch.repeat_interleave(first_batch, steps)
@@ -223,26 +225,47 @@ def stacked_work_owner(cls: type) -> type | None:
 
 @dataclass(frozen=True)
 class ShareData:
-    """A share's data as the loop would train it: each client's tensors and its own batch schedule.
+    """A share's data as the loop would train it: each client's samples and its own batch schedule.
 
     Attributes:
-        x, y: each client's features and targets, in share order (on the module's device).
         schedules: each client's batches from its own stream, cut to its step budget.
-        offsets: where each client's samples start in the concatenated data.
+        offsets: where each client's samples start in the tensors of :meth:`gathered`.
+        num_samples: each client's number of samples.
+        source: every client's data where the module keeps it (``resident_train_data``), which
+            :attr:`offsets` point into; ``None`` when each client's tensors were fetched apart
+            (:attr:`parts`), whose concatenation the offsets then point into.
+        parts: each client's features and targets, fetched apart (``None`` with a source).
     """
 
-    x: list[Tensor]
-    y: list[Tensor]
     schedules: list[Schedule]
     offsets: list[int]
+    num_samples: list[int]
     source: tuple[Tensor, Tensor] | None = None
+    parts: tuple[list[Tensor], list[Tensor]] | None = None
+
+    @property
+    def x(self) -> list[Tensor]:
+        """Each client's features, in share order (on the module's device)."""
+        return self._client_tensors(0)
+
+    @property
+    def y(self) -> list[Tensor]:
+        """Each client's targets, in share order (on the module's device)."""
+        return self._client_tensors(1)
+
+    def _client_tensors(self, which: int) -> list[Tensor]:
+        if self.parts is not None:
+            return self.parts[which]
+        assert self.source is not None
+        data = self.source[which]
+        return [data[o : o + n] for o, n in zip(self.offsets, self.num_samples, strict=True)]
 
     def plan(self, batch_size: int) -> StepPlan:
         """The padded plan of the share (:func:`plan_steps`)."""
         return plan_steps(self.schedules, self.offsets, batch_size)
 
     def gathered(self) -> tuple[Tensor, Tensor]:
-        """The tensors :attr:`offsets` point into: every client's data on the device, else the share's, concatenated."""
+        """The tensors :attr:`offsets` point into: every client's data where kept, else the share's, concatenated."""
         if self.source is not None:
             return self.source
         return torch.cat(self.x), torch.cat(self.y)
@@ -251,29 +274,33 @@ class ShareData:
 def share_data(module: FederatedModule, *, share: list[int], round_idx: int, resident: bool = False) -> ShareData:
     """Each client's data and batches, drawn exactly as the loop draws them (budgets of stragglers included).
 
-    With ``resident``, where every client's data already lie on the device (the engine's
-    ``resident_train_data``), the offsets point into them (:attr:`ShareData.source`) and nothing
-    is copied; otherwise into the share's data, concatenated.
+    With ``resident``, where the module keeps every client's data (the engine's
+    ``resident_train_data``), the offsets point into them (:attr:`ShareData.source`) and no
+    client's tensors are fetched or copied; otherwise into the share's data, concatenated.
     """
-    xs, ys, schedules, offsets = [], [], [], []
-    on_device = module.resident_train_data() if resident else None
-    spans = [module.datamodule.client_span(c) for c in share] if on_device is not None else []
-    total = 0
-    for client_id in share:
-        x, y = module.client_data(client_id)
-        schedule = module.client_schedule(client_id=client_id, round_idx=round_idx, num_samples=len(y))
+    source = module.resident_train_data() if resident else None
+    spans = [module.datamodule.client_span(c) for c in share] if source is not None else []
+    parts: tuple[list[Tensor], list[Tensor]] | None = None
+    if source is not None and all(span is not None for span in spans):
+        offsets = [span[0] for span in spans if span is not None]
+        sizes = [span[1] - span[0] for span in spans if span is not None]
+    else:
+        source, xs, ys = None, [], []
+        for client_id in share:
+            x, y = module.client_data(client_id)
+            xs.append(x)
+            ys.append(y)
+        parts = (xs, ys)
+        sizes = [len(y) for y in ys]
+        offsets = [0, *itertools.accumulate(sizes)][:-1]
+    schedules = []
+    for client_id, n in zip(share, sizes, strict=True):
+        schedule = module.client_schedule(client_id=client_id, round_idx=round_idx, num_samples=n)
         if module.cuts_local_steps:  # e.g. stragglers: at most a budget of the planned steps
             budget = module.local_step_budget(client_id=client_id, round_idx=round_idx, planned=schedule.steps)
             schedule = schedule.cut(budget)
-        xs.append(x)
-        ys.append(y)
         schedules.append(schedule)
-        offsets.append(total)
-        total += len(y)
-    if on_device is not None and all(span is not None for span in spans):
-        starts = [span[0] for span in spans if span is not None]
-        return ShareData(x=xs, y=ys, schedules=schedules, offsets=starts, source=on_device)
-    return ShareData(x=xs, y=ys, schedules=schedules, offsets=offsets)
+    return ShareData(schedules=schedules, offsets=offsets, num_samples=sizes, source=source, parts=parts)
 
 
 def randomness_refusal(module: FederatedModule) -> str | None:
@@ -379,4 +406,4 @@ class VectorisedRunner(ClientRunner):
         uploads = torch.cat([final[n].reshape(len(share), -1) for n in named], dim=1) - start_vector
         took = torch.tensor([b.steps > 0 for b in data.schedules], device=first_loss.device)
         module.record_start_losses(first_loss[took])  # the received model's loss on each client's first batch
-        return ResultRows(client_ids=share, uploads=uploads, num_samples=[len(y) for y in data.y], losses=mean_loss)
+        return ResultRows(client_ids=share, uploads=uploads, num_samples=data.num_samples, losses=mean_loss)
