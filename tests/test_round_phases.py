@@ -341,3 +341,20 @@ def test_the_loss_at_the_start_is_the_initial_models_first_batch_loss_and_travel
     fresh = _fedavg(dm)
     fresh.on_load_checkpoint(checkpoint)
     assert fresh.reliability_summary()["divergence/start_loss"] == module.reliability_summary()["divergence/start_loss"]
+
+
+def test_a_rounds_hooked_callbacks_are_those_defining_the_hook_themselves_in_the_rounds_order() -> None:
+    from fedlightning.federated.rounds import RoundState
+
+    class Drops(FederatedCallback):
+        def drops_upload(self, trainer: Any, module: Any, round_idx: int, client_id: int) -> bool:
+            return client_id == 3
+
+    class DropsToo(Drops):  # inherits its parent's definition: the hook is still not the default
+        pass
+
+    plain, first, second = FederatedCallback(), Drops(), DropsToo()
+    rnd = RoundState(round_idx=0, callbacks=[first, plain, second])
+    assert rnd.hooked("drops_upload") == [first, second]
+    assert rnd.hooked("arrival_probability") == []
+    assert rnd.hooked("drops_upload") is rnd.hooked("drops_upload")  # asked per client: listed once a round

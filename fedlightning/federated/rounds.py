@@ -45,6 +45,18 @@ class RoundState:
     aggregator: Aggregator = field(init=False)
     stats: Tensor = field(init=False)  # see LOSS ... METRICS
     quarantined: list[int] = field(default_factory=list)  # this process's quarantined clients
+    _hooked: dict[str, list[FederatedCallback]] = field(default_factory=dict, repr=False)
+
+    def hooked(self, hook: str) -> list[FederatedCallback]:
+        """The round's callbacks that define ``hook`` themselves: the others answer with the default, a no-op.
+
+        Asked once per client (e.g. ``drops_upload``), so the default answers are skipped, not called.
+        """
+        found = self._hooked.get(hook)
+        if found is None:
+            default = getattr(FederatedCallback, hook)
+            found = self._hooked[hook] = [cb for cb in self.callbacks if getattr(type(cb), hook) is not default]
+        return found
 
 
 class Rounds(Dataset[int]):

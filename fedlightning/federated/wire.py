@@ -74,13 +74,15 @@ class WirePhases(ClientWork):
         module = cast("FederatedModule", self)
         checks = torch.stack([share.losses.detach().float(), share.uploads.detach().sum(dim=1).float()]).tolist()
         finite = []
+        loss_sum = float(rnd.stats[LOSS])  # summed in float64 in client order, as the tensor would
         for k, (client_id, loss, total) in enumerate(zip(share.client_ids, *checks, strict=True)):
             if not (math.isfinite(loss) and math.isfinite(total)):
                 module._divergence_watch.quarantine(rnd, client_id, loss)  # never reaches the aggregator
                 continue
-            rnd.stats[LOSS] += loss
-            rnd.stats[TRAINED] += 1
+            loss_sum += loss
             finite.append(k)
+        rnd.stats[LOSS] = loss_sum
+        rnd.stats[TRAINED] += len(finite)
         if not rnd.choose_later:
             module._upload_rows(rnd, share, finite, choice=None)
             return
@@ -155,7 +157,7 @@ class WirePhases(ClientWork):
         """
         module = cast("FederatedModule", self)
         trainer = module.trainer
-        if any(cb.drops_upload(trainer, module, rnd.round_idx, client_id) for cb in rnd.callbacks):
+        if any(cb.drops_upload(trainer, module, rnd.round_idx, client_id) for cb in rnd.hooked("drops_upload")):
             for cb in rnd.callbacks:
                 cb.on_upload_dropped(trainer, module, rnd.round_idx, client_id)
             return
@@ -168,10 +170,10 @@ class WirePhases(ClientWork):
             state=module.client_state,
         )
         q = 1.0 if choice_probability is None else choice_probability
-        for cb in rnd.callbacks:  # e.g. drop-outs at a known rate, corrected for (1.0 otherwise)
+        for cb in rnd.hooked("arrival_probability"):  # e.g. drop-outs at a known rate, corrected for
             q *= cb.arrival_probability(trainer, module, rnd.round_idx, client_id)
         module._phase_probability[client_id] = inclusion_probability * q
-        for cb in rnd.callbacks:
+        for cb in rnd.hooked("on_client_upload"):
             cb.on_client_upload(trainer, module, rnd.round_idx, client_id, message)
         decoded = decoded.to(module.device)
         module.on_upload_decoded(client_id=client_id, round_idx=rnd.round_idx, decoded=decoded)
@@ -196,7 +198,7 @@ class WirePhases(ClientWork):
         arrived = []
         for k in rows:
             client_id = share.client_ids[k]
-            if any(cb.drops_upload(trainer, module, round_idx, client_id) for cb in rnd.callbacks):
+            if any(cb.drops_upload(trainer, module, round_idx, client_id) for cb in rnd.hooked("drops_upload")):
                 for cb in rnd.callbacks:
                     cb.on_upload_dropped(trainer, module, round_idx, client_id)
                 continue
@@ -218,7 +220,7 @@ class WirePhases(ClientWork):
         masses: list[float | None] = []
         for k, client_id in zip(arrived, ids, strict=True):
             q = 1.0 if choice is None else choice[client_id]
-            for cb in rnd.callbacks:  # e.g. drop-outs at a known rate, corrected for (1.0 otherwise)
+            for cb in rnd.hooked("arrival_probability"):  # e.g. drop-outs at a known rate, corrected for
                 q *= cb.arrival_probability(trainer, module, round_idx, client_id)
             inclusion = rnd.probability[client_id] * q
             module._phase_probability[client_id] = inclusion
