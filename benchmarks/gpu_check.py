@@ -11,7 +11,8 @@
    MNIST ``mnistfc`` per round on CUDA and on the CPU, and Federated Zampling at the S1 shape
    (m/n = 32, d = 10) per round on the ``loop`` and ``vectorised`` backends of the same GPU, and
    :mod:`cohort_scaling` (S1, S2, 1,000 clients a round and CIFAR-10-shaped ``resnet18_gn``,
-   fedlightning against a plain loop, sequential and ``vmap``).
+   fedlightning against a plain loop, sequential and ``vmap``), and :mod:`host_cost` (the
+   vectorised backend's host time per client as the cohort grows from 100 to 1,000).
 
 The JSON is written even when a part fails. The exit status is 1 when a test failed or errored
 (or pytest could not run), else 0, so a machine without CUDA exits 0. Needs no ``fedlightning``
@@ -200,6 +201,7 @@ def run_benchmarks(args: argparse.Namespace) -> dict[str, Any]:
         },
         "zampling_s1_loop_vs_vectorised": zampling_backends(args, root),
         "cohort_scaling": cohort_scaling(args, root),
+        "host_cost": host_cost(args, root),
     }
 
 
@@ -217,6 +219,21 @@ def cohort_scaling(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     if done.returncode != 0 or not out.is_file():
         return {"error": f"exit {done.returncode}: {done.stderr[-2000:]}"}
     return {**json.loads(out.read_text()), "table": table.read_text()}
+
+
+def host_cost(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """The vectorised backend's host time per client on CUDA, its maths negligible (``benchmarks/host_cost.py``).
+
+    Run in its own process; its JSON (each arm's seconds a round at K = 100 and 1,000 and the slope) is returned.
+    """
+    out = args.runs_dir / "host_cost.json"
+    script = Path(__file__).with_name("host_cost.py")
+    command = [sys.executable, str(script), "--arms", "vectorised_host,vectorised", "--repeats", "2"]
+    command += ["--data-root", str(root), "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not out.is_file():
+        return {"error": f"exit {done.returncode}: {done.stderr[-2000:]}"}
+    return dict(json.loads(out.read_text()))
 
 
 def zampling_backends(args: argparse.Namespace, root: Path) -> dict[str, Any]:

@@ -14,17 +14,21 @@ MLP, whose steps cost next to nothing, at K = 100 and K = 1,000 clients a round;
   replaced by a stand-in that returns the received model for every client: only the engine's
   host work per client is left (schedules, plan, checks, uplink, fold, statistics).
 
-CPU seconds of this process, the first round of each run not counted, medians over the rounds of
-``--repeats`` runs per arm and cohort size, in turn::
+CPU seconds of this process (wall seconds on a GPU), the first round of each run not counted,
+medians over the rounds of ``--repeats`` runs per arm and cohort size, in turn. The trainer takes
+Lightning's default device (a GPU where there is one; ``benchmarks/gpu_check.py`` runs the
+vectorised arms there)::
 
     python benchmarks/host_cost.py --data-root ../shared/data --arms vectorised_host,fused
     PYTHONPATH=<another tree> python benchmarks/host_cost.py --data-root ../shared/data   # A/B of trees
+    python benchmarks/host_cost.py --data-root ../shared/data --json out.json             # also as JSON
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -45,16 +49,20 @@ ARMS = ("fused", "vectorised", "vectorised_host")
 
 
 class _RoundClock(L.Callback):
-    """CPU seconds from one round's start to the next (the test pass included)."""
+    """Seconds from one round's start to the next (the test pass included): this process's CPU seconds on a
+    CPU, wall seconds on an accelerator (whose kernels run while the host goes on)."""
 
     def __init__(self) -> None:
         self.marks: list[float] = []
+        self.clock = time.perf_counter if torch.cuda.is_available() else time.process_time
 
     def on_train_batch_start(self, *args: object) -> None:
-        self.marks.append(time.process_time())
+        self.marks.append(self.clock())
 
     def on_train_end(self, *args: object) -> None:
-        self.marks.append(time.process_time())
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.marks.append(self.clock())
 
     def rounds(self) -> list[float]:
         return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)][1:]  # the first is start-up
@@ -67,7 +75,7 @@ def _received_model_for_every_client(*, start: dict[str, Tensor], plan: Any, **_
 
 
 def round_seconds(dm: MNISTDataModule, arm: str, cohort: int, rounds: int) -> list[float]:
-    """CPU seconds of each round after the first of one run of ``arm`` with ``cohort`` clients a round."""
+    """Seconds of each round after the first of one run of ``arm`` with ``cohort`` clients a round."""
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 4), nn.ReLU(), nn.Linear(4, 10))
     module = FedAvg(
         model=model,
@@ -94,6 +102,7 @@ def main() -> None:
     parser.add_argument("--arms", default="vectorised_host,vectorised,fused", help=f"comma-separated: {ARMS}")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="also write every arm's figures here")
     args = parser.parse_args()
     arms = args.arms.split(",")
     if unknown := set(arms) - set(ARMS):
@@ -108,12 +117,21 @@ def main() -> None:
     for _ in range(args.repeats):  # in turn, so machine load hits every arm alike
         for arm, k, run in runs:
             times.setdefault((arm, k), []).extend(run())
+    results = {}
     for arm in arms:
         small, large = statistics.median(times[arm, SMALL]), statistics.median(times[arm, LARGE])
+        per_client = (large - small) / (LARGE - SMALL)
+        results[arm] = {"round_s": {SMALL: small, LARGE: large}, "host_s_per_client": per_client}
         print(
             f"{arm}: K={SMALL} {small * 1e3:.1f} ms, K={LARGE} {large * 1e3:.1f} ms a round; "
-            f"host time per client {(large - small) / (LARGE - SMALL) * 1e6:.1f} us"
+            f"host time per client {per_client * 1e6:.1f} us"
         )
+    if args.json:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        clock = "wall" if device == "cuda" else "cpu"
+        report = {"device": device, "clock": clock, "repeats": args.repeats, "rounds": args.rounds, "arms": results}
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":
