@@ -188,12 +188,15 @@ class WeightedMean(Aggregator):
         """
         if len(rows) != len(weights) or len(rows) != len(masses):
             raise ValueError("A share's uploads, weights and masses must be as many.")
+        sums = self.sums[: self.dim]
+        if isinstance(rows, Tensor):  # one transfer for the share; its rows as views, taken at once
+            rows = rows.to(sums.device).unbind(0)
         total = float(self.sums[self.dim])
         for row, weight, mass in zip(rows, weights, masses, strict=True):
             flat = row.reshape(-1)
             if flat.numel() != self.dim:
                 raise ValueError(f"An upload of {flat.numel()} entries reached an aggregator of dimension {self.dim}.")
-            fold_(self.sums[: self.dim], flat.to(self.sums.device), weight=float(weight))
+            fold_(sums, flat.to(sums.device), weight=float(weight))
             total += float(weight if mass is None else mass)
         self.sums[self.dim] = total
         self.count += len(rows)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Schedule:
-    """One client's mini-batches as two tensors: every index in order, and each batch's size.
+    """One client's mini-batches: every index in order (a tensor), and each batch's size (integers).
 
     >>> s = Schedule.of([torch.tensor([2, 0]), torch.tensor([1])])
     >>> s.index.tolist(), s.sizes.tolist(), [b.tolist() for b in s.batches()]
@@ -27,38 +27,44 @@ class Schedule:
     """
 
     index: Tensor
-    sizes: Tensor
+    batch_sizes: tuple[int, ...]
 
     @classmethod
     def of(cls, batches: Iterable[Tensor]) -> Schedule:
         """The schedule of a sequence of index batches."""
         parts = list(batches)
         if not parts:
-            return cls(index=torch.zeros(0, dtype=torch.long), sizes=torch.zeros(0, dtype=torch.long))
-        return cls(index=torch.cat(parts).long(), sizes=torch.tensor([len(b) for b in parts], dtype=torch.long))
+            return cls(index=torch.zeros(0, dtype=torch.long), batch_sizes=())
+        return cls(index=torch.cat(parts).long(), batch_sizes=tuple(len(b) for b in parts))
+
+    @property
+    def sizes(self) -> Tensor:
+        """Each batch's size, as a tensor."""
+        return torch.tensor(self.batch_sizes, dtype=torch.long)
 
     @property
     def steps(self) -> int:
         """The number of batches."""
-        return len(self.sizes)
+        return len(self.batch_sizes)
 
     def __len__(self) -> int:
         return self.steps
 
     def __getitem__(self, step: int) -> Tensor:
         """The indices of batch ``step``."""
-        start = int(self.sizes[:step].sum())
-        return self.index[start : start + int(self.sizes[step])]
+        start = sum(self.batch_sizes[:step])
+        return self.index[start : start + self.batch_sizes[step]]
 
     def cut(self, steps: int) -> Schedule:
         """The first ``steps`` batches."""
         if steps >= self.steps:
             return self
-        return Schedule(index=self.index[: int(self.sizes[:steps].sum())], sizes=self.sizes[:steps])
+        kept = self.batch_sizes[: max(steps, 0)]
+        return Schedule(index=self.index[: sum(kept)], batch_sizes=kept)
 
     def batches(self) -> list[Tensor]:
         """The index batches, as views of :attr:`index`."""
-        return list(self.index.split(self.sizes.tolist()))
+        return list(self.index.split(list(self.batch_sizes)))
 
 
 def batch_schedule(
@@ -67,8 +73,8 @@ def batch_schedule(
     """The :class:`Schedule` of :func:`local_batches`, built from its permutations without a loop over batches.
 
     >>> gen = torch.Generator().manual_seed(0)
-    >>> batch_schedule(num_samples=5, batch_size=2, epochs=1, steps=4, generator=gen).sizes.tolist()
-    [2, 2, 1, 2]
+    >>> batch_schedule(num_samples=5, batch_size=2, epochs=1, steps=4, generator=gen).batch_sizes
+    (2, 2, 1, 2)
     """
     if num_samples <= 0 or (steps is not None and steps <= 0) or (steps is None and epochs <= 0):
         return Schedule.of([])
@@ -76,13 +82,13 @@ def batch_schedule(
     passes = epochs if steps is None else -(-steps // per_pass)
     perms = [torch.randperm(num_samples, generator=generator) for _ in range(passes)]
     index = perms[0] if passes == 1 else torch.cat(perms)
-    # the sizes as Python integers, made a tensor once: a client's schedule is built for every
-    # client of every round, where each small tensor operation would cost more than the draw
-    sizes = ([batch_size] * (per_pass - 1) + [num_samples - batch_size * (per_pass - 1)]) * passes
+    # the sizes as Python integers: a schedule is built for every client of every round, where
+    # each small tensor operation would cost more than the draw itself
+    sizes = ((batch_size,) * (per_pass - 1) + (num_samples - batch_size * (per_pass - 1),)) * passes
     if steps is not None:
         sizes = sizes[:steps]
         index = index[: sum(sizes)]
-    return Schedule(index=index, sizes=torch.tensor(sizes, dtype=torch.long))
+    return Schedule(index=index, batch_sizes=sizes)
 
 
 def local_batches(

@@ -96,8 +96,9 @@ def plan_steps(schedules: Sequence[Sequence[Tensor] | Schedule], offsets: Sequen
     index = torch.zeros(k, s, batch_size, dtype=torch.long)
     mask = torch.zeros(k, s, batch_size, dtype=torch.bool)
     if k and s:
-        sizes = torch.cat([p.sizes for p in plans])  # every batch of the share, client by client
-        lengths = torch.tensor([len(p.index) for p in plans], dtype=torch.long)
+        # every batch of the share, client by client
+        sizes = torch.tensor([b for p in plans for b in p.batch_sizes], dtype=torch.long)
+        lengths = torch.tensor([sum(p.batch_sizes) for p in plans], dtype=torch.long)
         flat = torch.cat([p.index for p in plans]) + torch.repeat_interleave(torch.tensor(offsets), lengths)
         client = torch.repeat_interleave(torch.arange(k), steps)
         first_batch = torch.cumsum(steps, 0) - steps
