@@ -45,7 +45,7 @@ class RoundState:
     aggregator: Aggregator = field(init=False)
     stats: Tensor = field(init=False)  # see LOSS ... METRICS
     quarantined: list[int] = field(default_factory=list)  # this process's quarantined clients
-    _hooked: dict[str, list[FederatedCallback]] = field(default_factory=dict, repr=False)
+    _hooked: dict[str, list[FederatedCallback]] = field(default_factory=dict, init=False, repr=False)
 
     def hooked(self, hook: str) -> list[FederatedCallback]:
         """The round's callbacks that define ``hook`` themselves: the others answer with the default, a no-op.
