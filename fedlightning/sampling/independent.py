@@ -37,7 +37,7 @@ def bernoulli_cohort(probabilities: Tensor, *, round_idx: int, generator: torch.
     """
     p = probabilities.to(torch.float64)
     drawn = torch.rand(p.numel(), generator=generator, dtype=torch.float64) < p
-    ids = tuple(int(i) for i in torch.nonzero(drawn).flatten())
+    ids = tuple(torch.nonzero(drawn).flatten().tolist())
     return Cohort(round_idx=round_idx, client_ids=ids, inclusion_probabilities=p[list(ids)].to(torch.float32))
 
 

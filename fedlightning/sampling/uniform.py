@@ -54,6 +54,6 @@ class UniformSampler(ClientSampler):
         n = module.num_clients
         gen = module.generator(round_idx, SERVER, "cohort")
         chosen = torch.randperm(n, generator=gen)[: self.clients_per_round]
-        ids = tuple(sorted(int(c) for c in chosen))
+        ids = tuple(sorted(chosen.tolist()))
         probs = torch.full((len(ids),), self.clients_per_round / n)
         return Cohort(round_idx=round_idx, client_ids=ids, inclusion_probabilities=probs)
