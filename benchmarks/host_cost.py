@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import statistics
 import time
@@ -65,13 +66,14 @@ class _RoundClock(L.Callback):
         self.marks.append(self.clock())
 
     def rounds(self) -> list[float]:
-        return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)][1:]  # the first is start-up
+        return [b - a for a, b in itertools.pairwise(self.marks)][1:]  # the first is start-up
 
 
 def _received_model_for_every_client(*, start: dict[str, Tensor], plan: Any, **_: Any) -> tuple[Any, Tensor, Tensor]:
     """A stand-in for ``train_stacked``: no steps; every client ends at the received model, with zero losses."""
-    k = plan.index.shape[0]
-    return {n: t.unsqueeze(0).expand(k, *t.shape) for n, t in start.items()}, torch.zeros(k), torch.zeros(k)
+    k, device = plan.index.shape[0], next(iter(start.values())).device
+    zeros = torch.zeros(k, device=device)
+    return {n: t.unsqueeze(0).expand(k, *t.shape) for n, t in start.items()}, zeros, zeros.clone()
 
 
 def round_seconds(dm: MNISTDataModule, arm: str, cohort: int, rounds: int) -> list[float]:
