@@ -20,6 +20,7 @@ from fedlightning.federated.aggregators import Aggregator
 from fedlightning.federated.cohort import Cohort
 from fedlightning.federated.distribution import ProcessShare
 from fedlightning.federated.hooks import ClientSampler, FederatedCallback
+from fedlightning.federated.local.base import overrides
 
 if TYPE_CHECKING:
     from fedlightning.federated.module import FederatedModule
@@ -54,8 +55,7 @@ class RoundState:
         """
         found = self._hooked.get(hook)
         if found is None:
-            default = getattr(FederatedCallback, hook)
-            found = self._hooked[hook] = [cb for cb in self.callbacks if getattr(type(cb), hook) is not default]
+            found = self._hooked[hook] = [cb for cb in self.callbacks if overrides(type(cb), FederatedCallback, hook)]
         return found
 
 
