@@ -53,14 +53,19 @@ from fedlightning.compression.codecs import BFloat16Codec, BitPackCodec, Float16
 from fedlightning.compression.gated_sparse import GateMessageCodec, pack_gate_state
 from fedlightning.compression.mask import MaskCodec
 from fedlightning.compression.operators import Compressor
+from fedlightning.datamodules import DigitsDataModule
 from fedlightning.federated.channel import MEMORY_KEY, Channel, ReplicaCodec
 from fedlightning.federated.message import Message
 from fedlightning.federated.payloads import Payload
 from fedlightning.federated.state import ClientStateStore
+from fedlightning.methods import FedAvg
 from fedlightning.methods.eflops_lagrangian import kl_to_constraint_pull
+from fedlightning.models import build_model
 from fedlightning.models.mlp import MLP
 from fedlightning.models.ordered_dropout import od_architecture, ordered_units, sub_model_macs
 from fedlightning.models.zampling import diagonal_q
+from fedlightning.sampling import FullParticipation
+from tests.conftest import round_trainer
 
 LENGTHS = (1_000, 10_000)
 """Payload lengths: what a codec reads to the host must not grow from one to the other."""
@@ -405,3 +410,25 @@ def test_a_share_of_device_uploads_is_read_to_the_host_once_and_sent_as_row_by_r
     if error_feedback:
         for cid in ids:
             assert torch.equal(got_store.get(cid, MEMORY_KEY), expected_store.get(cid, MEMORY_KEY))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_cuda_evaluation_serves_its_batches_from_a_device_copy_and_scores_as_on_the_cpu() -> None:
+    dm = DigitsDataModule(num_clients=3, seed=0)
+    torch.manual_seed(0)
+    model = build_model("digits_mlp", input_shape=tuple(dm.input_shape), num_classes=dm.num_classes)
+    module = FedAvg(model=model, datamodule=dm)
+    round_trainer(2, [FullParticipation()], accelerator="cpu").fit(module)
+    scores: dict[str, dict[str, float]] = {}
+    for accelerator, device in (("cpu", "cpu"), ("gpu", "cuda")):
+        trainer = round_trainer(0, [], accelerator=accelerator, devices=1)
+        [val] = trainer.validate(module, verbose=False)
+        assert trainer.val_dataloaders.dataset.tensors[0].device.type == device
+        [test] = trainer.test(module, verbose=False)
+        assert trainer.test_dataloaders.dataset.tensors[0].device.type == device
+        scores[device] = {**val, **test}
+    gpu, cpu = scores["cuda"], scores["cpu"]
+    assert gpu["val/acc"] == pytest.approx(cpu["val/acc"], abs=1 / 144)  # one prediction of digits' 144 may flip
+    assert gpu["test/acc"] == pytest.approx(cpu["test/acc"], abs=1 / 359)
+    assert gpu["test/loss"] == pytest.approx(cpu["test/loss"], rel=1e-3)

@@ -70,6 +70,31 @@ def test_datamodule_held_out_loaders_keep_their_dataset_and_take_a_shard() -> No
     assert torch.equal(torch.cat([b[1] for b in half]), y[start:stop])
 
 
+def test_a_held_out_loader_for_an_accelerator_serves_its_shard_from_a_copy_there() -> None:
+    dm = DigitsDataModule(num_clients=3, seed=0)
+    x, y = dm.test_dataloader().dataset.tensors
+    start, stop = shard_bounds(len(y), rank=1, world_size=2)
+    placed = dm.test_dataloader(rank=1, world_size=2, device="meta")  # an accelerator without values
+    kept_x, kept_y = placed.dataset.tensors
+    assert (kept_x.device.type, kept_y.device.type) == ("meta", "meta")
+    assert (kept_x.shape, kept_y.shape) == (x[start:stop].shape, y[start:stop].shape)  # the shard alone
+    assert [len(b) for b, _ in placed] == [len(b) for b, _ in dm.test_dataloader(rank=1, world_size=2)]
+    assert placed.num_workers == 0 and not placed.pin_memory
+    host = dm.val_dataloader(device="cpu")  # the CPU keeps the host loader: views of the stored tensors
+    assert host.dataset.tensors[0].data_ptr() == dm.val_dataloader().dataset.tensors[0].data_ptr()
+
+
+def test_evaluation_asks_for_its_held_out_shard_on_the_modules_device() -> None:
+    dm = DigitsDataModule(num_clients=3, seed=0)
+    module = _fedavg(dm)
+    on_cpu = module.val_dataloader()
+    assert on_cpu.dataset.tensors[0].device.type == "cpu"
+    module._device = torch.device("meta")  # where Lightning records the module's device
+    placed = module.val_dataloader()
+    assert placed.dataset.tensors[0].device.type == "meta"
+    assert len(placed.dataset) == len(on_cpu.dataset)
+
+
 def test_hydra_optimiser_partial_is_resolved_to_the_same_optimiser() -> None:
     node = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.03, "momentum": 0.9, "nesterov": True}
     hydra_factory = instantiate(node)

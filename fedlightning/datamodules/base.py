@@ -46,7 +46,7 @@ from fedlightning.datamodules.partition_files import (
     sorted_clients,
     write_partition_file,
 )
-from fedlightning.datamodules.tensor_loader import tensor_loader
+from fedlightning.datamodules.tensor_loader import device_loader, tensor_loader
 from fedlightning.errors import FedLightningError
 
 __all__ = ["DataUnavailableError", "FederatedDataModule", "default_data_root", "subset_indices"]
@@ -503,21 +503,28 @@ class FederatedDataModule(L.LightningDataModule):
             **self.loader_options(),
         )
 
-    def val_dataloader(self, *, rank: int = 0, world_size: int = 1) -> DataLoader:
+    def val_dataloader(
+        self, *, rank: int = 0, world_size: int = 1, device: torch.device | str | None = None
+    ) -> DataLoader:
         """The held-out validation set (the test set when ``val_fraction`` is 0).
 
         In slices of ``eval_batch_size`` (no per-sample fetching); with ``world_size`` > 1,
         only process ``rank``'s contiguous, unpadded shard (see
-        :mod:`fedlightning.datamodules.tensor_loader`).
+        :mod:`fedlightning.datamodules.tensor_loader`). With an accelerator ``device``, the
+        shard is copied there once and served from that copy, ``transform`` included
+        (:func:`~fedlightning.datamodules.tensor_loader.device_loader`; from the host as without
+        it when the shard would take more than a quarter of the device's memory).
         """
         self._ensure_setup()
         data = self._val if self._val is not None else self._test
-        return self._eval_loader(data, rank=rank, world_size=world_size)
+        return self._eval_loader(data, rank=rank, world_size=world_size, device=device)
 
-    def test_dataloader(self, *, rank: int = 0, world_size: int = 1) -> DataLoader:
-        """The test set (process ``rank``'s shard of it with ``world_size`` > 1, as :meth:`val_dataloader`)."""
+    def test_dataloader(
+        self, *, rank: int = 0, world_size: int = 1, device: torch.device | str | None = None
+    ) -> DataLoader:
+        """The test set (process ``rank``'s shard with ``world_size`` > 1, on ``device``, as :meth:`val_dataloader`)."""
         self._ensure_setup()
-        return self._eval_loader(self._test, rank=rank, world_size=world_size)
+        return self._eval_loader(self._test, rank=rank, world_size=world_size, device=device)
 
     # -- saving and reloading a partition -----------------------------------------------
 
@@ -628,16 +635,18 @@ class FederatedDataModule(L.LightningDataModule):
         assert self._train is not None
         return self._train
 
-    def _eval_loader(self, data: tuple[Tensor, Tensor] | None, *, rank: int, world_size: int) -> DataLoader:
+    def _eval_loader(
+        self, data: tuple[Tensor, Tensor] | None, *, rank: int, world_size: int, device: torch.device | str | None
+    ) -> DataLoader:
         assert data is not None
-        return tensor_loader(
-            data,
-            batch_size=self.eval_batch_size,
-            transform=self.transform if self._has_batch_hooks() else None,
-            rank=rank,
-            world_size=world_size,
-            **self.loader_options(),
-        )
+        transform = self.transform if self._has_batch_hooks() else None
+        size, shard = self.eval_batch_size, {"rank": rank, "world_size": world_size}
+        place = None if device is None else torch.device(device)
+        if place is not None and place.type != "cpu":
+            loader = device_loader(data, device=place, batch_size=size, transform=transform, **shard)
+            if loader is not None:
+                return loader
+        return tensor_loader(data, batch_size=size, transform=transform, **shard, **self.loader_options())
 
     def _has_batch_hooks(self) -> bool:
         cls = type(self)

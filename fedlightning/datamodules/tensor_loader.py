@@ -10,6 +10,9 @@ The loader is still a ``DataLoader`` (workers, pinned memory, ``.dataset.tensors
 each process evaluates its part and the metric sums are all-reduced, which gives exactly the
 one-process value (a ``DistributedSampler`` would pad with repeated samples).
 
+:func:`device_loader` serves a process's shard from a copy on an accelerator, made once, so an
+evaluation pass moves no batch from the host (:func:`may_reside_on` bounds what is kept there).
+
 >>> shard_bounds(10, rank=0, world_size=3), shard_bounds(10, rank=2, world_size=3)
 ((0, 4), (7, 10))
 >>> [(s.start, s.stop) for s in SliceBatches(start=2, stop=9, batch_size=3)]
@@ -21,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
-__all__ = ["SliceBatches", "SlicedTensorDataset", "shard_bounds", "tensor_loader"]
+__all__ = ["SliceBatches", "SlicedTensorDataset", "device_loader", "may_reside_on", "shard_bounds", "tensor_loader"]
 
 
 def shard_bounds(n: int, *, rank: int, world_size: int) -> tuple[int, int]:
@@ -99,3 +103,41 @@ def tensor_loader(
         collate_fn=_Batch(transform),
         **options,
     )
+
+
+def may_reside_on(device: torch.device, nbytes: int) -> bool:
+    """Whether ``nbytes`` of data may stay on ``device`` for a run: at most a quarter of a CUDA device's memory.
+
+    Any amount elsewhere (the host's memory, or an accelerator that reports no capacity).
+
+    >>> may_reside_on(torch.device("cpu"), 10**12)
+    True
+    """
+    return device.type != "cuda" or nbytes <= torch.cuda.get_device_properties(device).total_memory // 4
+
+
+def device_loader(
+    tensors: tuple[Tensor, ...],
+    *,
+    device: torch.device,
+    batch_size: int,
+    transform: Callable[[Tensor], Tensor] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> DataLoader | None:
+    """:func:`tensor_loader` over process ``rank``'s shard of ``tensors``, copied to ``device`` once.
+
+    Its batches are slices of that copy and ``transform`` runs where they are, so iterating it
+    moves nothing between host and device; it has no workers and pins nothing. Its dataset is
+    the shard alone. ``None`` where the shard may not stay on ``device`` (:func:`may_reside_on`).
+
+    >>> x, y = torch.arange(10.0).reshape(5, 2), torch.arange(5)
+    >>> loader = device_loader((x, y), device=torch.device("meta"), batch_size=2, rank=1, world_size=2)
+    >>> [tuple(b.shape) for b, _ in loader], next(iter(loader))[0].device.type
+    ([(2, 2)], 'meta')
+    """
+    start, stop = shard_bounds(len(tensors[0]), rank=rank, world_size=world_size)
+    shard = tuple(t[start:stop] for t in tensors)
+    if not may_reside_on(device, sum(t.numel() * t.element_size() for t in shard)):
+        return None
+    return tensor_loader(tuple(t.to(device) for t in shard), batch_size=batch_size, transform=transform)

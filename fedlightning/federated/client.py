@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlightning.datamodules.base import FederatedDataModule
+from fedlightning.datamodules.tensor_loader import may_reside_on
 from fedlightning.federated.batches import Schedule, batch_schedule
 from fedlightning.federated.local import ClientResult, ClientRunner, LocalProgram, LocalTraining, overrides
 from fedlightning.federated.params import assign_flat_, flat_difference, unflatten_like
@@ -189,8 +190,7 @@ class ClientWork(RoundContext):
         resident = None
         if dm.client_span(0) is not None:
             x, y = dm.train_tensors()
-            size = x.numel() * x.element_size() + y.numel() * y.element_size()
-            if device.type != "cuda" or size <= torch.cuda.get_device_properties(device).total_memory // 4:
+            if may_reside_on(device, x.numel() * x.element_size() + y.numel() * y.element_size()):
                 resident = (x.to(device), y.to(device))
         self.__dict__["_resident_data"] = (device, resident)  # not a registered buffer: never checkpointed
         return resident

@@ -81,16 +81,23 @@ class HeldOutEvaluation(ProcessShare):
         return self._held_out("test")
 
     def _held_out(self, split: Literal["val", "test"]) -> Any:
-        """This process's shard of a held-out set; the metrics' sums are all-reduced in ``compute``.
+        """This process's shard of a held-out set, served on the module's device; the metrics' sums are all-reduced.
 
         Each process evaluates a contiguous, unpadded slice, so the reduced accuracy and loss
-        are those of the whole set. A datamodule whose loaders take no shard arguments is
-        evaluated in full by every process (the same value, computed ``world_size`` times).
+        are those of the whole set. On an accelerator the shard is copied there once per
+        loader (Lightning asks for one per ``fit`` or ``test``), so a pass moves no batch from
+        the host. A datamodule whose loaders take no shard arguments is evaluated in full by
+        every process (the same value, computed ``world_size`` times); one whose loaders take
+        no ``device`` serves its batches from the host.
         """
         loader = getattr(self.datamodule, f"{split}_dataloader")
-        if self.world_size == 1 or "world_size" not in inspect.signature(loader).parameters:
-            return loader()
-        return loader(rank=self.process_rank, world_size=self.world_size)
+        accepts = inspect.signature(loader).parameters
+        options: dict[str, Any] = {}
+        if self.world_size > 1 and "world_size" in accepts:
+            options.update(rank=self.process_rank, world_size=self.world_size)
+        if self.device.type != "cpu" and "device" in accepts:
+            options["device"] = self.device
+        return loader(**options)
 
     def _eval_step(self, batch: tuple[Tensor, Tensor], score: Metric, loss_metric: MeanMetric) -> None:
         x, y = batch
