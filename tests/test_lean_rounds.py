@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedlightning.callbacks.accounting import CommunicationAccountant
 from fedlightning.datamodules import DigitsDataModule
+from fedlightning.datamodules import tensor_loader as tensor_loader_module
 from fedlightning.datamodules.tensor_loader import shard_bounds, tensor_loader
 from fedlightning.federated.module import resolved_optimizer_factory
 from fedlightning.federated.round_row import round_row_values
@@ -82,6 +83,23 @@ def test_a_held_out_loader_for_an_accelerator_serves_its_shard_from_a_copy_there
     assert placed.num_workers == 0 and not placed.pin_memory
     host = dm.val_dataloader(device="cpu")  # the CPU keeps the host loader: views of the stored tensors
     assert host.dataset.tensors[0].data_ptr() == dm.val_dataloader().dataset.tensors[0].data_ptr()
+
+
+def test_a_held_out_shard_too_large_for_the_device_is_served_from_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[str, int]] = []
+
+    def refuse(device: torch.device, nbytes: int) -> bool:
+        asked.append((device.type, nbytes))
+        return False
+
+    monkeypatch.setattr(tensor_loader_module, "may_reside_on", refuse)
+    dm = DigitsDataModule(num_clients=3, seed=0)
+    loader = dm.test_dataloader(rank=0, world_size=2, device="meta")
+    x, y = dm.test_dataloader().dataset.tensors
+    start, stop = shard_bounds(len(y), rank=0, world_size=2)
+    assert asked == [("meta", x[start:stop].numel() * x.element_size() + y[start:stop].numel() * y.element_size())]
+    assert loader.dataset.tensors[0].device.type == "cpu"
+    assert torch.equal(torch.cat([b for _, b in loader]), y[start:stop])
 
 
 def test_evaluation_asks_for_its_held_out_shard_on_the_modules_device() -> None:
