@@ -231,7 +231,8 @@ class FederatedDataModule(L.LightningDataModule):
         """Turn a batch of stored features into model input (default: unchanged).
 
         Used by the validation, test and centralised loaders and by the default
-        :meth:`augment`; a module storing ``uint8`` data normalises here.
+        :meth:`augment`; a module storing ``uint8`` data normalises here. It runs where the
+        batch is: on an accelerator, the engine's client and held-out batches are on the device.
         """
         return x
 
