@@ -48,7 +48,7 @@ def test_batch_schedule_draws_the_batches_of_one_permutation_per_pass(
 def test_cut_keeps_the_first_batches() -> None:
     schedule = Schedule.of([torch.tensor([3, 1]), torch.tensor([0, 2]), torch.tensor([4])])
     cut = schedule.cut(2)
-    assert cut.index.tolist() == [3, 1, 0, 2] and cut.sizes.tolist() == [2, 2]
+    assert cut.index.tolist() == [3, 1, 0, 2] and cut.batch_sizes == (2, 2)
     assert schedule.cut(5) is schedule
 
 

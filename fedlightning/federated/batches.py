@@ -22,8 +22,8 @@ class Schedule:
     """One client's mini-batches: every index in order (a tensor), and each batch's size (integers).
 
     >>> s = Schedule.of([torch.tensor([2, 0]), torch.tensor([1])])
-    >>> s.index.tolist(), s.sizes.tolist(), [b.tolist() for b in s.batches()]
-    ([2, 0, 1], [2, 1], [[2, 0], [1]])
+    >>> s.index.tolist(), s.batch_sizes, [b.tolist() for b in s.batches()]
+    ([2, 0, 1], (2, 1), [[2, 0], [1]])
     """
 
     index: Tensor
@@ -36,11 +36,6 @@ class Schedule:
         if not parts:
             return cls(index=torch.zeros(0, dtype=torch.long), batch_sizes=())
         return cls(index=torch.cat(parts).long(), batch_sizes=tuple(len(b) for b in parts))
-
-    @property
-    def sizes(self) -> Tensor:
-        """Each batch's size, as a tensor."""
-        return torch.tensor(self.batch_sizes, dtype=torch.long)
 
     @property
     def steps(self) -> int:
