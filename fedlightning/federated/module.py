@@ -363,7 +363,7 @@ class FederatedModule(WirePhases, HeldOutEvaluation):
         if isinstance(results, ResultRows):
             self._take_rows(rnd, results)
             return self._end_attempt(rnd)
-        loss_sum, trained = 0.0, 0  # float64 in client order, written to the statistics once
+        loss_sum, trained = float(rnd.stats[LOSS]), 0  # float64 in client order, as the tensor would; written once
         for client_id, result in results:
             loss, total = upload_check(result.loss, result.upload)
             if not (math.isfinite(loss) and math.isfinite(total)):
@@ -375,7 +375,7 @@ class FederatedModule(WirePhases, HeldOutEvaluation):
                 buffered.append((client_id, result))  # the uploaders are chosen after local work
             else:
                 self._upload(rnd, client_id, result, rnd.probability[client_id])
-        rnd.stats[LOSS] += loss_sum
+        rnd.stats[LOSS] = loss_sum
         rnd.stats[TRAINED] += trained
         if rnd.choose_later:
             self._choose_and_upload(rnd, buffered)
