@@ -24,7 +24,7 @@ from fedlightning.federated.round_row import round_row_values
 from fedlightning.methods import FedAvg
 from fedlightning.models import build_model
 from fedlightning.sampling import FullParticipation
-from tests.conftest import round_trainer
+from tests.conftest import record_calls, round_trainer
 
 
 def _fedavg(dm: DigitsDataModule, **kwargs: Any) -> FedAvg:
@@ -111,6 +111,17 @@ def test_evaluation_asks_for_its_held_out_shard_on_the_modules_device() -> None:
     placed = module.val_dataloader()
     assert placed.dataset.tensors[0].device.type == "meta"
     assert len(placed.dataset) == len(on_cpu.dataset)
+
+
+def test_the_held_out_loader_is_asked_for_once_per_fit_however_many_rounds_are_evaluated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """So an accelerator's copy of the held-out shard is made once a run, not once an evaluation."""
+    dm = DigitsDataModule(num_clients=3, seed=0)
+    calls = record_calls(monkeypatch, DigitsDataModule, "val_dataloader")
+    passes = record_calls(monkeypatch, FedAvg, "on_validation_epoch_end")
+    round_trainer(4, [FullParticipation()], val_check_interval=1).fit(_fedavg(dm))
+    assert (len(calls), len(passes)) == (1, 4)
 
 
 def test_hydra_optimiser_partial_is_resolved_to_the_same_optimiser() -> None:
